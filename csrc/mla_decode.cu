@@ -1,0 +1,2 @@
+// placeholder, replaced by kernels
+#include "mla_decode.h"

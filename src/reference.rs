@@ -1,0 +1,1 @@
+//! f64 reference implementations (filled in by the reference work).
