@@ -69,6 +69,8 @@ fn generate_bindings(out_dir: &Path) {
         .default_enum_style(bindgen::EnumVariation::Rust {
             non_exhaustive: false,
         })
+        // statuses are 1000 + cudaError_t: not a closed set, so not a Rust enum
+        .newtype_enum("mla_status_t")
         .derive_default(true)
         .derive_debug(true)
         .derive_copy(true)
@@ -121,14 +123,19 @@ fn archs() -> Vec<u32> {
             s.trim()
                 .trim_start_matches("sm_")
                 .parse()
-                .unwrap_or_else(|_| panic!("MLA_CUDA_ARCHS: bad architecture {s:?} (want e.g. 120,90)"))
+                .unwrap_or_else(|_| {
+                    panic!("MLA_CUDA_ARCHS: bad architecture {s:?} (want e.g. 120,90)")
+                })
         })
         .collect();
     archs.sort_unstable();
     archs.dedup();
     assert!(!archs.is_empty(), "MLA_CUDA_ARCHS is empty");
     for &a in &archs {
-        assert!(a >= 80, "MLA_CUDA_ARCHS: sm_{a} lacks mma.sync bf16 / cp.async (need >= 80)");
+        assert!(
+            a >= 80,
+            "MLA_CUDA_ARCHS: sm_{a} lacks mma.sync bf16 / cp.async (need >= 80)"
+        );
     }
     archs
 }
@@ -147,7 +154,10 @@ fn compile_kernels(nvcc: &Path) {
         .and_then(|r| r.split(',').next())
         .unwrap_or("?")
         .to_string();
-    println!("cargo:warning=mla-decode: nvcc {} (release {release}), archs {archs:?}", nvcc.display());
+    println!(
+        "cargo:warning=mla-decode: nvcc {} (release {release}), archs {archs:?}",
+        nvcc.display()
+    );
 
     // cc looks nvcc up through $NVCC; setting it (rather than .compiler()) keeps cc's
     // wrapping of host flags in -Xcompiler.
@@ -167,7 +177,9 @@ fn compile_kernels(nvcc: &Path) {
     for &a in &archs {
         build.flag(format!("-gencode=arch=compute_{a},code=sm_{a}"));
     }
-    build.flag(format!("-gencode=arch=compute_{newest},code=compute_{newest}"));
+    build.flag(format!(
+        "-gencode=arch=compute_{newest},code=compute_{newest}"
+    ));
     if let Ok(extra) = env::var("MLA_NVCC_FLAGS") {
         for f in extra.split_whitespace() {
             build.flag(f);
@@ -184,8 +196,16 @@ fn compile_kernels(nvcc: &Path) {
 
     // Static CUDA runtime: the PyPI wheels keep it in lib/, toolkits in lib64/ or
     // targets/<arch>-linux/lib.
-    let root = nvcc.parent().and_then(Path::parent).unwrap_or(Path::new("/"));
-    for sub in ["lib", "lib64", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib"] {
+    let root = nvcc
+        .parent()
+        .and_then(Path::parent)
+        .unwrap_or(Path::new("/"));
+    for sub in [
+        "lib",
+        "lib64",
+        "targets/x86_64-linux/lib",
+        "targets/sbsa-linux/lib",
+    ] {
         let dir = root.join(sub);
         if dir.join("libcudart_static.a").is_file() {
             println!("cargo:rustc-link-search=native={}", dir.display());

@@ -82,7 +82,7 @@ typedef struct {
     int32_t sm_count;
     int32_t sm120_occupancy;/* 1: smem request padded so that an sm_90 SM holds as few CTAs as an sm_120 SM */
     int32_t device;         /* CUDA device ordinal the schedule was made for */
-    int32_t reserved;
+    int32_t pdl;            /* 1: decode and combine use programmatic dependent launch (sm_90+) */
 } mla_schedule_t;
 
 /* Fill *s for a problem shape on the current device. */

@@ -3,7 +3,12 @@
 //! Every function takes raw device pointers and a raw `cudaStream_t` (as `*mut c_void`),
 //! so the kernels can be driven from any CUDA library. The safe API in the crate root
 //! wraps them for cudarc users.
-#![allow(non_upper_case_globals, non_camel_case_types, non_snake_case, missing_docs)]
+#![allow(
+    non_upper_case_globals,
+    non_camel_case_types,
+    non_snake_case,
+    missing_docs
+)]
 #![allow(clippy::all)]
 
 include!(concat!(env!("OUT_DIR"), "/bindings.rs"));

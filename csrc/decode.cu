@@ -1,0 +1,204 @@
+// C entry points of dense and sparse decode: check arguments, fill DecodeArgs, launch
+// decode_kernel then combine_kernel on the caller's stream.
+#include "decode.cuh"
+
+using namespace mla;
+
+namespace {
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+bool stride16(int64_t elems) { return (elems * 2) % 16 == 0; }
+
+// Launch with programmatic dependent launch when the schedule allows it (sm_90+): the
+// kernel may start while the previous one drains and waits in grid_dependency_wait().
+cudaError_t launch_pdl(void (*kernel)(DecodeArgs), dim3 grid, int threads, int smem, cudaStream_t st, int pdl,
+                       const DecodeArgs& a) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, a);
+}
+
+template <bool kSparse>
+mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dtype, int batch, void* stream) {
+    int dev = -1;
+    MLA_CUDA_TRY(cudaGetDevice(&dev));
+    if (dev != s->device) return MLA_STATUS_INVALID_ARGUMENT;
+    (void)batch;
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    const dim3 grid(s->num_m_tiles, s->num_parts);
+    const dim3 cgrid(s->num_parts > 1 ? s->num_parts - 1 : 1, a.m_rows);
+    if (dtype == MLA_DTYPE_BF16) {
+        MLA_CUDA_TRY((launch_pdl(decode_kernel<__nv_bfloat16, kSparse>, grid, Cfg::kThreads, s->smem_bytes, st, s->pdl, a)));
+        MLA_CUDA_TRY((launch_pdl(combine_kernel<__nv_bfloat16, kSparse>, cgrid, kCombineWarps * 32, 0, st, s->pdl, a)));
+    } else if (dtype == MLA_DTYPE_F16) {
+        MLA_CUDA_TRY((launch_pdl(decode_kernel<__half, kSparse>, grid, Cfg::kThreads, s->smem_bytes, st, s->pdl, a)));
+        MLA_CUDA_TRY((launch_pdl(combine_kernel<__half, kSparse>, cgrid, kCombineWarps * 32, 0, st, s->pdl, a)));
+    } else {
+        return MLA_STATUS_INVALID_ARGUMENT;
+    }
+    return MLA_STATUS_OK;
+}
+
+bool common_ok(const mla_schedule_t* s, const void* qn, const void* qr, int64_t qn_ts, int64_t qn_hs, int64_t qr_ts,
+               int64_t qr_hs, const void* cache, int64_t block_stride, int32_t num_blocks, int32_t block_size,
+               const void* out, int64_t out_ts, int64_t out_hs, const int32_t* plan, const float* ws, float scale) {
+    if (s == nullptr || qn == nullptr || qr == nullptr || cache == nullptr || out == nullptr || plan == nullptr ||
+        ws == nullptr)
+        return false;
+    if (!(block_size == 16 || block_size == 32 || block_size == 64 || block_size == 128)) return false;
+    if (num_blocks < 1 || block_stride < static_cast<int64_t>(block_size) * kRowBytes || block_stride % 16 != 0)
+        return false;
+    if (!aligned16(qn) || !aligned16(qr) || !aligned16(cache) || !aligned16(out)) return false;
+    if (!stride16(qn_ts) || !stride16(qn_hs) || !stride16(qr_ts) || !stride16(qr_hs) || !stride16(out_ts) ||
+        !stride16(out_hs))
+        return false;
+    if (!(scale > 0.f) || !isfinite(scale)) return false;
+    return true;
+}
+
+template <typename T, bool kSparse>
+static cudaError_t set_smem_attr(int bytes) {
+    return cudaFuncSetAttribute(decode_kernel<T, kSparse>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+}  // namespace
+
+// The schedule lives in this translation unit because kernel attributes belong to the
+// instantiation that is launched here.
+extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int32_t q_len, int32_t num_heads,
+                                          int32_t max_len, int32_t sm120_occupancy) {
+    MLA_REQUIRE(s != nullptr);
+    MLA_REQUIRE(batch >= 1 && q_len >= 1 && q_len <= MLA_MAX_Q_LEN && num_heads >= 1 && num_heads <= MLA_MAX_HEADS);
+    MLA_REQUIRE(max_len >= 1);
+    int dev = 0;
+    MLA_CUDA_TRY(cudaGetDevice(&dev));
+    int sm_count = 0, smem_per_sm = 0, optin = 0, major = 0;
+    MLA_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    MLA_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, dev));
+    MLA_CUDA_TRY(cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    MLA_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    int smem = Cfg::kSmemBytes;
+    if (smem > optin) return MLA_STATUS_UNSUPPORTED;
+    if (sm120_occupancy) {
+        // As many CTAs per SM as sm_120 holds (100 KB per SM, 1 KB reserved per CTA).
+        const int sm120_ctas = kSm120SmemPerSm / (Cfg::kSmemBytes + 1024);
+        int padded = smem_per_sm / (sm120_ctas + 1) - 1024 + 16;
+        padded = (padded + 15) & ~15;
+        smem = padded > smem ? padded : smem;
+        if (smem > optin) smem = optin;
+    }
+    MLA_CUDA_TRY((set_smem_attr<__nv_bfloat16, false>(smem)));
+    MLA_CUDA_TRY((set_smem_attr<__nv_bfloat16, true>(smem)));
+    MLA_CUDA_TRY((set_smem_attr<__half, false>(smem)));
+    MLA_CUDA_TRY((set_smem_attr<__half, true>(smem)));
+    int ctas = 0;
+    MLA_CUDA_TRY((cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, decode_kernel<__nv_bfloat16, false>,
+                                                                Cfg::kThreads, smem)));
+    if (ctas < 1) return MLA_STATUS_UNSUPPORTED;
+    const int m_rows = q_len * num_heads;
+    const int m_tiles = (m_rows + Cfg::kBlockM - 1) / Cfg::kBlockM;
+    const int target = sm_count * ctas;
+    int parts = (target + m_tiles - 1) / m_tiles;
+    if (parts < 1) parts = 1;
+    *s = mla_schedule_t{};
+    s->batch = batch;
+    s->q_len = q_len;
+    s->num_heads = num_heads;
+    s->max_len = max_len;
+    s->num_m_tiles = m_tiles;
+    s->num_parts = parts;
+    s->smem_bytes = smem;
+    s->ctas_per_sm = ctas;
+    s->sm_count = sm_count;
+    s->sm120_occupancy = sm120_occupancy ? 1 : 0;
+    s->device = dev;
+    s->pdl = major >= 9 ? 1 : 0;
+    return MLA_STATUS_OK;
+}
+
+extern "C" mla_status_t mla_dense_decode(const mla_schedule_t* s, const mla_dense_params_t* p, void* stream) {
+    MLA_REQUIRE(s != nullptr && p != nullptr);
+    MLA_REQUIRE(common_ok(s, p->q_nope, p->q_rope, p->q_nope_token_stride, p->q_nope_head_stride,
+                          p->q_rope_token_stride, p->q_rope_head_stride, p->kv_cache, p->block_stride_bytes,
+                          p->num_blocks, p->block_size, p->out, p->out_token_stride, p->out_head_stride, p->plan,
+                          p->workspace, p->softmax_scale));
+    MLA_REQUIRE(p->block_table != nullptr && p->max_blocks_per_seq >= 1 &&
+                p->block_table_stride >= p->max_blocks_per_seq);
+    MLA_REQUIRE(s->max_len == p->max_blocks_per_seq * p->block_size);
+    DecodeArgs a{};
+    a.q_nope = static_cast<const uint8_t*>(p->q_nope);
+    a.q_rope = static_cast<const uint8_t*>(p->q_rope);
+    a.qn_ts = p->q_nope_token_stride;
+    a.qn_hs = p->q_nope_head_stride;
+    a.qr_ts = p->q_rope_token_stride;
+    a.qr_hs = p->q_rope_head_stride;
+    a.cache = static_cast<const uint8_t*>(p->kv_cache);
+    a.block_stride = p->block_stride_bytes;
+    a.num_blocks = p->num_blocks;
+    a.block_size = p->block_size;
+    a.table = p->block_table;
+    a.table_stride = p->block_table_stride;
+    a.table_cols = p->max_blocks_per_seq;
+    a.q_len = s->q_len;
+    a.num_heads = s->num_heads;
+    a.m_rows = s->q_len * s->num_heads;
+    a.out = static_cast<uint8_t*>(p->out);
+    a.out_ts = p->out_token_stride;
+    a.out_hs = p->out_head_stride;
+    a.lse = p->lse;
+    a.lse_ts = p->lse_token_stride;
+    a.lse_hs = p->lse_head_stride;
+    a.scale_log2 = p->softmax_scale * kLog2e;
+    a.plan = p->plan;
+    a.ws_o = p->workspace;
+    a.ws_lse = p->workspace + 2 * static_cast<size_t>(s->num_parts) * a.m_rows * kLatentDim;
+    a.flag = p->error_flag;
+    return launch<false>(s, a, p->dtype, s->batch, stream);
+}
+
+extern "C" mla_status_t mla_sparse_decode(const mla_schedule_t* s, const mla_sparse_params_t* p, void* stream) {
+    MLA_REQUIRE(s != nullptr && p != nullptr);
+    MLA_REQUIRE(common_ok(s, p->q_nope, p->q_rope, p->q_nope_token_stride, p->q_nope_head_stride,
+                          p->q_rope_token_stride, p->q_rope_head_stride, p->kv_cache, p->block_stride_bytes,
+                          p->num_blocks, p->block_size, p->out, p->out_token_stride, p->out_head_stride, p->plan,
+                          p->workspace, p->softmax_scale));
+    MLA_REQUIRE(p->indices != nullptr && p->topk >= 1 && p->topk <= MLA_MAX_TOPK && p->indices_stride >= p->topk);
+    MLA_REQUIRE(s->q_len == 1 && s->max_len == p->topk);
+    DecodeArgs a{};
+    a.q_nope = static_cast<const uint8_t*>(p->q_nope);
+    a.q_rope = static_cast<const uint8_t*>(p->q_rope);
+    a.qn_ts = p->q_nope_token_stride;
+    a.qn_hs = p->q_nope_head_stride;
+    a.qr_ts = p->q_rope_token_stride;
+    a.qr_hs = p->q_rope_head_stride;
+    a.cache = static_cast<const uint8_t*>(p->kv_cache);
+    a.block_stride = p->block_stride_bytes;
+    a.num_blocks = p->num_blocks;
+    a.block_size = p->block_size;
+    a.table = p->indices;
+    a.table_stride = p->indices_stride;
+    a.table_cols = p->topk;
+    a.q_len = 1;
+    a.num_heads = s->num_heads;
+    a.m_rows = s->num_heads;
+    a.out = static_cast<uint8_t*>(p->out);
+    a.out_ts = p->out_token_stride;
+    a.out_hs = p->out_head_stride;
+    a.lse = p->lse;
+    a.lse_ts = p->lse_token_stride;
+    a.lse_hs = p->lse_head_stride;
+    a.scale_log2 = p->softmax_scale * kLog2e;
+    a.plan = p->plan;
+    a.ws_o = p->workspace;
+    a.ws_lse = p->workspace + 2 * static_cast<size_t>(s->num_parts) * a.m_rows * kLatentDim;
+    a.flag = p->error_flag;
+    return launch<true>(s, a, p->dtype, s->batch, stream);
+}

@@ -1,0 +1,544 @@
+// The split-KV decode kernel family shared by dense (paged, causal) and sparse (top-k
+// slot list) MLA decode, the combine kernel that merges splits, and the plan layout.
+//
+// Work decomposition (flash-decoding, FlashMLA-style flattened schedule):
+//   - A "request" is a dense sequence b (q_len query tokens) or a sparse token t.
+//   - Its cache rows are cut into tiles of kBlockN rows; a request with no rows still
+//     gets one (fully masked) tile, so that decode_kernel writes its zeros and -inf. The plan (plan.cu) lays all
+//     requests' tiles end to end and gives each of num_parts parts `chunk` consecutive
+//     tiles, so one part may cover the end of one request and the start of the next.
+//   - CTA (m_tile, part) runs the query rows [16*m_tile, 16*m_tile+16) of every request
+//     its part touches, streaming the tiles through a cp.async double buffer. A request
+//     that lies wholly inside one part is written straight to `out`; the pieces of a
+//     split request go to the workspace (slot 2*part for the part's first request,
+//     2*part+1 for its last) and combine_kernel merges them in part order (deterministic).
+#pragma once
+
+#include "common.cuh"
+
+namespace mla {
+
+// ---- tile configuration ---------------------------------------------------------------
+// One configuration serves sm_120 and sm_90 (the H200 runs exactly what sm_120 runs).
+struct TileConfig {
+    static constexpr int kBlockM = 16;   // query rows (heads x q_len) per CTA: one m16 MMA tile
+    static constexpr int kBlockN = 32;   // cache rows per pipeline stage
+    static constexpr int kStages = 2;
+    static constexpr int kWarps = 4;
+    static constexpr int kThreads = kWarps * 32;
+    // S = Q K^T: warps split the tile's rows (kSplitN) and the 576 dims (kSplitK)
+    static constexpr int kSplitN = 2;
+    static constexpr int kSplitK = 2;
+    static constexpr int kSNTiles = kBlockN / 8 / kSplitN;       // n8 tiles of S per warp
+    static constexpr int kSKSteps = kHeadDim / 16 / kSplitK;     // k16 steps per warp
+    // O += P V: warps split the 512 output dims
+    static constexpr int kODims = kLatentDim / kWarps;           // 128
+    static constexpr int kONTiles = kODims / 8;                  // 16
+    // shared memory
+    static constexpr int kKvStageBytes = kBlockN * kRowBytes;    // 36,864
+    static constexpr int kQBytes = kBlockM * kRowBytes;          // 18,432
+    static constexpr int kPartialBytes = kWarps * kSNTiles * 32 * 16;
+    static constexpr int kValidBytes = kStages * kBlockN * 4;
+    static constexpr int kSmemBytes = kStages * kKvStageBytes + kQBytes + kPartialBytes + kValidBytes;
+
+    static_assert(kSplitN * kSplitK == kWarps, "warp split");
+    static_assert(kSNTiles == 2, "S code handles two n8 tiles per warp (one ldmatrix.x4)");
+    static_assert(kBlockN % 16 == 0 && kBlockN / 8 == 4, "softmax/PV code assumes 32-row tiles");
+    static_assert(kSmemBytes <= kSm120SmemPerBlock, "tile configuration exceeds sm_120's 99 KB per block");
+    static_assert(kSmemBytes + 1024 <= kSm120SmemPerSm, "one CTA must fit an sm_120 SM");
+};
+using Cfg = TileConfig;
+constexpr int kTileShift = 5;  // log2(kBlockN)
+static_assert((1 << kTileShift) == Cfg::kBlockN, "tile shift");
+constexpr int kMinChunkTiles = 2;  // a part streams at least this many tiles
+
+// ---- plan layout (int32) ----------------------------------------------------------------
+// [0] total tiles  [1] chunk (tiles per part)  [2] batch  [3] num_parts  [4..8) reserved
+// [8 .. 8+batch+1)          prefix: first tile of each request (prefix[batch] = total)
+// [8+batch+1 .. +batch)     lens: clamped length of each request
+// [8+2*batch+1 .. +parts)   part_begin: request holding the part's first tile, -1 if empty
+constexpr int kPlanHeader = 8;
+__host__ __device__ inline size_t plan_ints(int batch, int parts) {
+    return kPlanHeader + 2 * static_cast<size_t>(batch) + 1 + parts;
+}
+
+// ---- arguments of the decode family ------------------------------------------------------
+struct DecodeArgs {
+    const uint8_t* q_nope;
+    const uint8_t* q_rope;
+    int64_t qn_ts, qn_hs, qr_ts, qr_hs;  // element strides
+    const uint8_t* cache;
+    int64_t block_stride;  // bytes
+    int32_t num_blocks;
+    int32_t block_size;
+    const int32_t* table;  // dense: block table; sparse: indices
+    int32_t table_stride;
+    int32_t table_cols;    // dense: max_blocks_per_seq; sparse: topk
+    int32_t q_len;         // dense q_len; sparse 1
+    int32_t num_heads;
+    int32_t m_rows;        // q_len * num_heads
+    uint8_t* out;
+    int64_t out_ts, out_hs;
+    float* lse;
+    int64_t lse_ts, lse_hs;
+    float scale_log2;      // softmax_scale * log2(e)
+    const int32_t* plan;
+    float* ws_o;           // [2*parts, m_rows, 512]
+    float* ws_lse;         // [2*parts, m_rows], log2 domain
+    uint32_t* flag;
+};
+
+struct PlanView {
+    int total, chunk, batch, parts;
+    const int32_t* prefix;
+    const int32_t* lens;
+    const int32_t* part_begin;
+    __device__ explicit PlanView(const int32_t* p)
+        : total(p[0]), chunk(p[1]), batch(p[2]), parts(p[3]), prefix(p + kPlanHeader),
+          lens(p + kPlanHeader + p[2] + 1), part_begin(p + kPlanHeader + 2 * p[2] + 1) {}
+    __device__ int tiles(int b) const { return prefix[b + 1] - prefix[b]; }
+};
+
+// Position of a tile in the flattened schedule.
+struct Cursor {
+    int b;       // request
+    int j;       // tile within the request
+    int ntiles;  // tiles of request b
+    __device__ void advance(const PlanView& pv) {
+        ++j;
+        while (j >= ntiles) {  // skip to the next request that has tiles
+            ++b;
+            j = 0;
+            ntiles = pv.tiles(b);
+        }
+    }
+};
+
+// Query row m of request b: the token index and head.
+template <bool kSparse>
+__device__ __forceinline__ void row_token_head(const DecodeArgs& a, int b, int m, int& token, int& head) {
+    if (kSparse) {
+        token = b;
+        head = m;
+    } else {
+        const int i = m / a.num_heads;
+        token = b * a.q_len + i;
+        head = m - i * a.num_heads;
+    }
+}
+
+// The raw table entry behind one tile row, read one iteration before the tile is issued
+// so that issuing never waits on a dependent load. Lanes 0..7 of each warp own row
+// warp*8+lane. The column is clamped into the table row; the length check is done at
+// issue time.
+struct RowRaw {
+    int entry;  // block-table entry (dense) or slot id (sparse)
+    int len;    // clamped length of the request
+};
+
+template <bool kSparse>
+__device__ __forceinline__ RowRaw resolve_row(const DecodeArgs& a, const PlanView& pv, const Cursor& c) {
+    RowRaw rr{0, 0};
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane < 8) {
+        const int pos = (c.j << kTileShift) + warp * 8 + lane;
+        const int col = min(kSparse ? pos : pos / a.block_size, a.table_cols - 1);
+        rr.entry = a.table[static_cast<int64_t>(c.b) * a.table_stride + col];
+        rr.len = pv.lens[c.b];
+    }
+    return rr;
+}
+
+// Issue the cp.async loads of one tile (and, at a segment start, of the query rows).
+// Lanes 0..7 turn their row's raw entry into a byte offset, validity and fault; then
+// each warp streams its 8 rows' 72 chunks (invalid rows are zero-filled, never read).
+template <bool kSparse>
+__device__ __forceinline__ void load_tile(const DecodeArgs& a, const Cursor& c, const RowRaw& rr, uint8_t* kv_stage,
+                                          int32_t* valid_stage, uint8_t* q_s, bool with_q, int m_tile) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int64_t off = 0;
+    int ok = 0;
+    if (lane < 8) {
+        const int r = warp * 8 + lane;
+        const int pos = (c.j << kTileShift) + r;
+        if (pos < rr.len) {
+            if (kSparse) {
+                const int id = rr.entry;
+                const int64_t limit = static_cast<int64_t>(a.num_blocks) * a.block_size;
+                if (id >= 0 && id < limit) {
+                    const int blk = id / a.block_size;
+                    off = blk * a.block_stride + static_cast<int64_t>(id - blk * a.block_size) * kRowBytes;
+                    ok = 1;
+                } else if (id != -1) {
+                    record_fault(a.flag, MLA_FAULT_BAD_SLOT_ID, c.b, id);
+                }
+            } else {
+                const int e = rr.entry;
+                if (e >= 0 && e < a.num_blocks) {
+                    off = e * a.block_stride + static_cast<int64_t>(pos % a.block_size) * kRowBytes;
+                    ok = 1;
+                } else {
+                    record_fault(a.flag, MLA_FAULT_BAD_BLOCK_ID, c.b, e);
+                }
+            }
+        }
+        valid_stage[r] = ok;
+    }
+    const uint32_t kv_base = smem_u32(kv_stage);
+#pragma unroll
+    for (int i = 0; i < 8 * kRowChunks / 32; ++i) {  // 18 chunks per lane
+        const int q = lane + 32 * i;
+        const int rl = q / kRowChunks;
+        const int ch = q - rl * kRowChunks;
+        const int64_t roff = __shfl_sync(0xffffffffu, off, rl);
+        const int rok = __shfl_sync(0xffffffffu, ok, rl);
+        const uint8_t* src = a.cache + (rok ? roff + ch * 16 : 0);
+        cp_async_16(kv_base + swz(warp * 8 + rl, ch) * 16, src, rok ? 16 : 0);
+    }
+    if (with_q) {
+        const uint32_t q_base = smem_u32(q_s);
+#pragma unroll
+        for (int i = 0; i < Cfg::kBlockM * kRowChunks / Cfg::kThreads; ++i) {  // 9 per thread
+            const int idx = threadIdx.x + Cfg::kThreads * i;
+            const int r = idx / kRowChunks;
+            const int ch = idx - r * kRowChunks;
+            const int m = m_tile * Cfg::kBlockM + r;
+            const uint8_t* src = a.q_nope;
+            int bytes = 0;
+            if (m < a.m_rows) {
+                int token, head;
+                row_token_head<kSparse>(a, c.b, m, token, head);
+                if (ch < kLatentDim / 8) {
+                    src = a.q_nope + (token * a.qn_ts + head * a.qn_hs) * 2 + ch * 16;
+                } else {
+                    src = a.q_rope + (token * a.qr_ts + head * a.qr_hs) * 2 + (ch - kLatentDim / 8) * 16;
+                }
+                bytes = 16;
+            }
+            cp_async_16(q_base + swz(r, ch) * 16, src, bytes);
+        }
+    }
+}
+
+template <typename T, bool kSparse>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeArgs a) {
+    grid_dependency_wait();
+    extern __shared__ __align__(128) uint8_t smem[];
+    uint8_t* kv_s = smem;
+    uint8_t* q_s = smem + Cfg::kStages * Cfg::kKvStageBytes;
+    float4* part_s = reinterpret_cast<float4*>(q_s + Cfg::kQBytes);
+    int32_t* valid_s = reinterpret_cast<int32_t*>(reinterpret_cast<uint8_t*>(part_s) + Cfg::kPartialBytes);
+
+    const PlanView pv(a.plan);
+    const int m_tile = blockIdx.x;
+    const int part = blockIdx.y;
+    const int lo = part * pv.chunk;
+    if (lo >= pv.total) return;
+    const int hi = min(lo + pv.chunk, pv.total);
+    const int first_req = pv.part_begin[part];
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, tq = lane & 3;
+    const int mat = lane >> 3, mrow = lane & 7;
+    const int nh = warp % Cfg::kSplitN, kh = warp / Cfg::kSplitN;
+
+    Cursor cc{first_req, lo - pv.prefix[first_req], pv.tiles(first_req)};
+    load_tile<kSparse>(a, cc, resolve_row<kSparse>(a, pv, cc), kv_s, valid_s, q_s, true, m_tile);
+    cp_async_commit();
+    Cursor nc = cc;  // the next tile, its rows resolved one iteration ahead
+    RowRaw nraw{0, 0};
+    if (lo + 1 < hi) {
+        nc.advance(pv);
+        nraw = resolve_row<kSparse>(a, pv, nc);
+    }
+
+    float o[Cfg::kONTiles][4];
+    float m_run[2], l_run[2];
+    uint32_t qf[Cfg::kSKSteps][4];
+    int row_lim[2] = {0, 0};
+    int seg_j0 = cc.j;
+    bool seg_start = true;
+
+    for (int x = lo; x < hi; ++x) {
+        const int stage = (x - lo) & 1;
+        uint8_t* kv_cur = kv_s + stage * Cfg::kKvStageBytes;
+        const int32_t* valid_cur = valid_s + stage * Cfg::kBlockN;
+        cp_async_wait<0>();
+        __syncthreads();
+
+        if (seg_start) {
+            const uint32_t q_base = smem_u32(q_s);
+#pragma unroll
+            for (int ks = 0; ks < Cfg::kSKSteps; ++ks) {
+                const int kk = kh * Cfg::kSKSteps + ks;
+                ldmatrix_x4(qf[ks], q_base + swz((mat & 1) * 8 + mrow, kk * 2 + (mat >> 1)) * 16);
+            }
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                if (kSparse) {
+                    row_lim[hf] = 0x7fffffff;
+                } else {
+                    const int m = m_tile * Cfg::kBlockM + g + 8 * hf;
+                    const int i = m / a.num_heads;
+                    row_lim[hf] = pv.lens[cc.b] - a.q_len + i + 1;
+                }
+                m_run[hf] = -INFINITY;
+                l_run[hf] = 0.f;
+            }
+#pragma unroll
+            for (int n = 0; n < Cfg::kONTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+            seg_j0 = cc.j;
+        }
+
+        // Prefetch the next tile into the other stage (freed by the barrier above) and
+        // read the table entries of the one after it.
+        Cursor n2 = nc;
+        RowRaw n2raw{0, 0};
+        bool next_seg = false;
+        if (x + 1 < hi) {
+            next_seg = (nc.j == 0);
+            if (seg_start && next_seg) __syncthreads();  // q_s was just read: let every warp finish
+            load_tile<kSparse>(a, nc, nraw, kv_s + (stage ^ 1) * Cfg::kKvStageBytes, valid_s + (stage ^ 1) * Cfg::kBlockN,
+                               q_s, next_seg, m_tile);
+            if (x + 2 < hi) {
+                n2.advance(pv);
+                n2raw = resolve_row<kSparse>(a, pv, n2);
+            }
+        }
+        cp_async_commit();
+
+        // ---- S = Q K^T: this warp's 16 rows x 16 cache rows over its 288 dims ----
+        const uint32_t kv_base = smem_u32(kv_cur);
+        {
+            float sacc[2][2][4];
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int par = 0; par < 2; ++par) sacc[n][par][0] = sacc[n][par][1] = sacc[n][par][2] = sacc[n][par][3] = 0.f;
+            const int krow = nh * 16 + (mat >> 1) * 8 + mrow;
+#pragma unroll
+            for (int ks = 0; ks < Cfg::kSKSteps; ++ks) {
+                const int kk = kh * Cfg::kSKSteps + ks;
+                uint32_t bfr[4];
+                ldmatrix_x4(bfr, kv_base + swz(krow, kk * 2 + (mat & 1)) * 16);
+                mma16816<T>(sacc[0][ks & 1], qf[ks], bfr[0], bfr[1]);
+                mma16816<T>(sacc[1][ks & 1], qf[ks], bfr[2], bfr[3]);
+            }
+#pragma unroll
+            for (int n = 0; n < 2; ++n) {
+                part_s[(warp * 2 + n) * 32 + lane] =
+                    make_float4(sacc[n][0][0] + sacc[n][1][0], sacc[n][0][1] + sacc[n][1][1],
+                                sacc[n][0][2] + sacc[n][1][2], sacc[n][0][3] + sacc[n][1][3]);
+            }
+        }
+        __syncthreads();
+
+        // ---- full S (every warp, same order: identical in all warps), mask, online softmax ----
+        float s[4][4];
+#pragma unroll
+        for (int jn = 0; jn < 4; ++jn) {
+            const int nhj = jn >> 1, ntl = jn & 1;
+            const float4 p0 = part_s[((nhj + 0 * Cfg::kSplitN) * 2 + ntl) * 32 + lane];
+            const float4 p1 = part_s[((nhj + 1 * Cfg::kSplitN) * 2 + ntl) * 32 + lane];
+            s[jn][0] = p0.x + p1.x;
+            s[jn][1] = p0.y + p1.y;
+            s[jn][2] = p0.z + p1.z;
+            s[jn][3] = p0.w + p1.w;
+        }
+        const int pos0 = cc.j << kTileShift;
+        float alpha[2];
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int jn = 0; jn < 4; ++jn)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int col = jn * 8 + 2 * tq + e;
+                    const bool ok = valid_cur[col] != 0 && pos0 + col < row_lim[hf];
+                    const float v = ok ? s[jn][hf * 2 + e] * a.scale_log2 : -INFINITY;
+                    s[jn][hf * 2 + e] = v;
+                    mx = fmaxf(mx, v);
+                }
+            mx = warp_max4(mx);
+            const float m_new = fmaxf(m_run[hf], mx);
+            const float base = (m_new == -INFINITY) ? 0.f : m_new;
+            alpha[hf] = exp2f(m_run[hf] - base);  // m_run = -inf -> 0
+            float sum = 0.f;
+#pragma unroll
+            for (int jn = 0; jn < 4; ++jn)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float pe = exp2f(s[jn][hf * 2 + e] - base);
+                    s[jn][hf * 2 + e] = pe;
+                    sum += pe;
+                }
+            l_run[hf] = l_run[hf] * alpha[hf] + sum;
+            m_run[hf] = m_new;
+        }
+#pragma unroll
+        for (int n = 0; n < Cfg::kONTiles; ++n) {
+            o[n][0] *= alpha[0];
+            o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1];
+            o[n][3] *= alpha[1];
+        }
+
+        // ---- O += P V over this warp's 128 output dims ----
+#pragma unroll
+        for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk) {
+            uint32_t pa[4];
+            pa[0] = Elem<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+            pa[1] = Elem<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+            pa[2] = Elem<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pa[3] = Elem<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            const int vrow = kk * 16 + (mat & 1) * 8 + mrow;
+#pragma unroll
+            for (int pr = 0; pr < Cfg::kONTiles / 2; ++pr) {
+                uint32_t bfr[4];
+                ldmatrix_x4_trans(bfr, kv_base + swz(vrow, (warp * Cfg::kODims + pr * 16) / 8 + (mat >> 1)) * 16);
+                mma16816<T>(o[2 * pr], pa, bfr[0], bfr[1]);
+                mma16816<T>(o[2 * pr + 1], pa, bfr[2], bfr[3]);
+            }
+        }
+
+        // ---- end of a segment: normalize and write ----
+        const bool seg_end = (x + 1 == hi) || (cc.j + 1 == cc.ntiles);
+        if (seg_end) {
+            const bool whole = (seg_j0 == 0) && (cc.j + 1 == cc.ntiles);
+            const int slot = 2 * part + (cc.b == first_req ? 0 : 1);
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const float l = warp_sum4(l_run[hf]);
+                const float inv = l > 0.f ? 1.f / l : 0.f;
+                const float lse2 = l > 0.f ? m_run[hf] + log2f(l) : -INFINITY;
+                const int m = m_tile * Cfg::kBlockM + g + 8 * hf;
+                if (m < a.m_rows) {
+                    if (whole) {
+                        int token, head;
+                        row_token_head<kSparse>(a, cc.b, m, token, head);
+                        T* dst = reinterpret_cast<T*>(a.out) + token * a.out_ts + head * a.out_hs + warp * Cfg::kODims + 2 * tq;
+#pragma unroll
+                        for (int n = 0; n < Cfg::kONTiles; ++n) {
+                            *reinterpret_cast<uint32_t*>(dst + n * 8) =
+                                Elem<T>::pack(o[n][2 * hf] * inv, o[n][2 * hf + 1] * inv);
+                        }
+                        if (warp == 0 && tq == 0 && a.lse != nullptr) {
+                            a.lse[token * a.lse_ts + head * a.lse_hs] = lse2 * kLn2;
+                        }
+                    } else {
+                        const size_t row = static_cast<size_t>(slot) * a.m_rows + m;
+                        float* dst = a.ws_o + row * kLatentDim + warp * Cfg::kODims + 2 * tq;
+#pragma unroll
+                        for (int n = 0; n < Cfg::kONTiles; ++n) {
+                            *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * hf] * inv, o[n][2 * hf + 1] * inv);
+                        }
+                        if (warp == 0 && tq == 0) a.ws_lse[row] = lse2;
+                    }
+                }
+            }
+        }
+        cc = nc;
+        nc = n2;
+        nraw = n2raw;
+        seg_start = next_seg;
+    }
+    cp_async_wait<0>();
+}
+
+// Merge the pieces of split requests. CTA (x, m): boundary p = x + 1 between parts p-1
+// and p; the CTA works only if p is the first boundary inside request r (so each split
+// request is merged exactly once), on query row m. Its 4 warps take every 4th piece
+// (lane owns 16 of the 512 dims), then add their partial sums in warp order: the
+// result does not depend on timing.
+constexpr int kCombineWarps = 4;
+
+template <typename T, bool kSparse>
+__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const DecodeArgs a) {
+    grid_dependency_wait();
+    __shared__ float red_max[kCombineWarps];
+    __shared__ float red_w[kCombineWarps];
+    __shared__ float4 red_o[kCombineWarps][kLatentDim / 4];
+    const PlanView pv(a.plan);
+    const int p = blockIdx.x + 1;
+    const int m = blockIdx.y;
+    if (p >= pv.parts || p * pv.chunk >= pv.total) return;
+    const int r = pv.part_begin[p];
+    const int start = pv.prefix[r];
+    if (!(start < p * pv.chunk && start >= (p - 1) * pv.chunk)) return;
+    const int first = p - 1;
+    const int last = (pv.prefix[r + 1] - 1) / pv.chunk;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    auto slot_of = [&](int q) { return 2 * q + (pv.part_begin[q] == r ? 0 : 1); };
+
+    float mx = -INFINITY;
+    for (int q = first + threadIdx.x; q <= last; q += kCombineWarps * 32)
+        mx = fmaxf(mx, a.ws_lse[static_cast<size_t>(slot_of(q)) * a.m_rows + m]);
+#pragma unroll
+    for (int d = 16; d >= 1; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+    if (lane == 0) red_max[warp] = mx;
+    __syncthreads();
+    mx = red_max[0];
+#pragma unroll
+    for (int w = 1; w < kCombineWarps; ++w) mx = fmaxf(mx, red_max[w]);
+
+    float acc[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) acc[i] = 0.f;
+    float wsum = 0.f;
+    if (mx != -INFINITY) {
+#pragma unroll 4
+        for (int q = first + warp; q <= last; q += kCombineWarps) {
+            const size_t row = static_cast<size_t>(slot_of(q)) * a.m_rows + m;
+            const float w = exp2f(a.ws_lse[row] - mx);
+            wsum += w;
+            const float4* src = reinterpret_cast<const float4*>(a.ws_o + row * kLatentDim + lane * 16);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float4 v = src[i];
+                acc[4 * i + 0] += w * v.x;
+                acc[4 * i + 1] += w * v.y;
+                acc[4 * i + 2] += w * v.z;
+                acc[4 * i + 3] += w * v.w;
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        red_o[warp][lane * 4 + i] = make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+    if (lane == 0) red_w[warp] = wsum;
+    __syncthreads();
+    if (warp != 0) return;
+    float wt = 0.f;
+#pragma unroll
+    for (int w = 0; w < kCombineWarps; ++w) wt += red_w[w];
+    const float inv = wt > 0.f ? 1.f / wt : 0.f;
+    float out[16];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        float4 t = red_o[0][lane * 4 + i];
+#pragma unroll
+        for (int w = 1; w < kCombineWarps; ++w) {
+            const float4 u = red_o[w][lane * 4 + i];
+            t.x += u.x; t.y += u.y; t.z += u.z; t.w += u.w;
+        }
+        out[4 * i + 0] = t.x * inv;
+        out[4 * i + 1] = t.y * inv;
+        out[4 * i + 2] = t.z * inv;
+        out[4 * i + 3] = t.w * inv;
+    }
+    int token, head;
+    row_token_head<kSparse>(a, r, m, token, head);
+    T* dst = reinterpret_cast<T*>(a.out) + token * a.out_ts + head * a.out_hs + lane * 16;
+    uint4 packed[2];
+    uint32_t* pw = reinterpret_cast<uint32_t*>(packed);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) pw[i] = Elem<T>::pack(out[2 * i], out[2 * i + 1]);
+    reinterpret_cast<uint4*>(dst)[0] = packed[0];
+    reinterpret_cast<uint4*>(dst)[1] = packed[1];
+    if (lane == 0 && a.lse != nullptr) {
+        a.lse[token * a.lse_ts + head * a.lse_hs] = wt > 0.f ? (mx + log2f(wt)) * kLn2 : -INFINITY;
+    }
+}
+
+}  // namespace mla

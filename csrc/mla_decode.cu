@@ -1,2 +1,0 @@
-// placeholder, replaced by kernels
-#include "mla_decode.h"

@@ -1,0 +1,165 @@
+//! The crate's error type and the mapping of the C ABI's status codes.
+
+use cudarc::driver::DriverError;
+
+use crate::device::FaultCode;
+use crate::ffi;
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in a call, naming the argument and why.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Error {
+    /// An argument failed a host-side check (shape, stride, alignment, size, plan).
+    InvalidArgument {
+        /// The argument, as the function names it (`"q"`, `"kv_cache"`, `"plan"`, ...).
+        arg: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The crate was built without nvcc, so it holds no kernels.
+    KernelsNotBuilt,
+    /// Valid but not implemented (e.g. fp8 decode).
+    Unsupported(String),
+    /// A CUDA runtime call inside the C layer failed.
+    Cuda {
+        /// The C ABI function that reported it.
+        call: &'static str,
+        /// The `cudaError_t` (the status minus 1000).
+        code: i32,
+    },
+    /// A CUDA driver call made through cudarc failed.
+    Driver(DriverError),
+    /// No CUDA driver, device or current context.
+    NoDevice,
+    /// A kernel recorded a fault in an [`ErrorFlag`](crate::ErrorFlag).
+    DeviceFault {
+        /// What the kernel found.
+        code: FaultCode,
+        /// Request (dense) or token (sparse, gather, append) index.
+        row: u32,
+        /// The offending value (low 32 bits for append slots).
+        value: i32,
+    },
+}
+
+impl Error {
+    /// Shorthand for [`Error::InvalidArgument`].
+    pub fn invalid(arg: &'static str, reason: impl Into<String>) -> Error {
+        Error::InvalidArgument {
+            arg,
+            reason: reason.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::InvalidArgument { arg, reason } => {
+                write!(f, "invalid argument `{arg}`: {reason}")
+            }
+            Error::KernelsNotBuilt => f.write_str(
+                "mla-decode was built without nvcc, so it has no CUDA kernels: install a CUDA \
+                 toolkit >= 12.8 (or the nvidia-cuda-nvcc 13.0 wheels), set NVCC=/path/to/nvcc \
+                 (or CUDA_HOME), unset MLA_NO_KERNELS and rebuild",
+            ),
+            Error::Unsupported(what) => write!(f, "unsupported: {what}"),
+            Error::Cuda { call, code } => {
+                write!(f, "{call}: CUDA runtime error {code} (cudaError_t)")
+            }
+            // DriverError's own Debug/Display call into libcuda; print the enum instead.
+            Error::Driver(e) => write!(f, "CUDA driver error {:?}", e.0),
+            Error::NoDevice => f.write_str("no CUDA driver, device or current context"),
+            Error::DeviceFault { code, row, value } => {
+                write!(f, "device fault: {code} (row {row}, value {value})")
+            }
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<DriverError> for Error {
+    fn from(e: DriverError) -> Error {
+        Error::Driver(e)
+    }
+}
+
+/// Maps a raw `mla_status_t` value returned by C ABI function `call` to a `Result`.
+///
+/// `0` is success; values `>= 1000` are `1000 + cudaError_t`.
+pub fn status_to_result(call: &'static str, status: u32) -> Result<()> {
+    const OK: u32 = ffi::mla_status_t::MLA_STATUS_OK.0;
+    const INVALID: u32 = ffi::mla_status_t::MLA_STATUS_INVALID_ARGUMENT.0;
+    const UNSUPPORTED: u32 = ffi::mla_status_t::MLA_STATUS_UNSUPPORTED.0;
+    const NO_DEVICE: u32 = ffi::mla_status_t::MLA_STATUS_NO_DEVICE.0;
+    const NOT_BUILT: u32 = ffi::mla_status_t::MLA_STATUS_NOT_BUILT.0;
+    const CUDA_BASE: u32 = ffi::mla_status_t::MLA_STATUS_CUDA_BASE.0;
+    match status {
+        OK => Ok(()),
+        INVALID => Err(Error::invalid(
+            call,
+            "rejected by the C layer's host checks (MLA_STATUS_INVALID_ARGUMENT)",
+        )),
+        UNSUPPORTED => Err(Error::Unsupported(format!(
+            "{call}: valid but not implemented (MLA_STATUS_UNSUPPORTED)"
+        ))),
+        NO_DEVICE => Err(Error::NoDevice),
+        NOT_BUILT => Err(Error::KernelsNotBuilt),
+        s if s >= CUDA_BASE => Err(Error::Cuda {
+            call,
+            code: (s - CUDA_BASE) as i32,
+        }),
+        s => Err(Error::Unsupported(format!("{call}: unknown status {s}"))),
+    }
+}
+
+/// Maps the `mla_status_t` returned by C ABI function `call` to a `Result`.
+pub(crate) fn check(call: &'static str, status: ffi::mla_status_t) -> Result<()> {
+    status_to_result(call, status.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses() {
+        assert_eq!(status_to_result("f", 0), Ok(()));
+        assert_eq!(status_to_result("f", 4), Err(Error::KernelsNotBuilt));
+        assert_eq!(status_to_result("f", 3), Err(Error::NoDevice));
+        assert_eq!(
+            status_to_result("mla_plan", 1002),
+            Err(Error::Cuda {
+                call: "mla_plan",
+                code: 2
+            })
+        );
+        assert!(matches!(
+            status_to_result("f", 1),
+            Err(Error::InvalidArgument { arg: "f", .. })
+        ));
+        assert!(matches!(
+            status_to_result("f", 2),
+            Err(Error::Unsupported(_))
+        ));
+        assert!(matches!(
+            status_to_result("f", 77),
+            Err(Error::Unsupported(_))
+        ));
+        assert_eq!(
+            check("f", ffi::mla_status_t::MLA_STATUS_NOT_BUILT),
+            Err(Error::KernelsNotBuilt)
+        );
+    }
+
+    #[test]
+    fn messages() {
+        let m = Error::KernelsNotBuilt.to_string();
+        assert!(m.contains("nvcc") && m.contains("NVCC") && m.contains("12.8"));
+        let m = Error::invalid("q", "too short").to_string();
+        assert_eq!(m, "invalid argument `q`: too short");
+    }
+}

@@ -1,0 +1,211 @@
+//! Element types, cache formats and the fixed dimensions of weight-absorbed MLA.
+
+use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+
+use crate::ffi;
+
+/// Width of a query row and of a cache row: 512 latent dims then 64 RoPE dims.
+pub const HEAD_DIM: usize = 576;
+/// `kv_lora_rank`: the latent part of a row, also the output (V) width.
+pub const LATENT_DIM: usize = 512;
+/// The RoPE part of a row (`qk_rope_head_dim`).
+pub const ROPE_DIM: usize = 64;
+/// Most query heads one call handles (heads per GPU).
+pub const MAX_HEADS: usize = 128;
+/// Most query rows per request in dense decode (MTP / speculative decoding).
+pub const MAX_Q_LEN: usize = 8;
+/// Most sparse indices per query token.
+pub const MAX_TOPK: usize = 4096;
+/// Block sizes (cache rows per block) the kernels accept.
+pub const BLOCK_SIZES: [usize; 4] = [16, 32, 64, 128];
+
+/// Element type of q, out and an f16/bf16 cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// IEEE half precision.
+    F16,
+    /// bfloat16.
+    Bf16,
+}
+
+impl DType {
+    /// Bytes per element (2 for both).
+    pub const fn size_bytes(self) -> usize {
+        2
+    }
+
+    /// Lower-case name: `"f16"` or `"bf16"`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F16 => "f16",
+            DType::Bf16 => "bf16",
+        }
+    }
+
+    /// The C ABI's value.
+    pub const fn to_ffi(self) -> ffi::mla_dtype_t {
+        match self {
+            DType::F16 => ffi::mla_dtype_t::MLA_DTYPE_F16,
+            DType::Bf16 => ffi::mla_dtype_t::MLA_DTYPE_BF16,
+        }
+    }
+
+    /// The cache format that stores rows of this element type.
+    pub const fn kv_format(self) -> KvFormat {
+        match self {
+            DType::F16 => KvFormat::F16,
+            DType::Bf16 => KvFormat::Bf16,
+        }
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+}
+
+/// An element type the kernels take: [`half::f16`] or [`half::bf16`] (sealed).
+pub trait Element:
+    sealed::Sealed
+    + DeviceRepr
+    + ValidAsZeroBits
+    + Copy
+    + Default
+    + PartialEq
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+    /// The runtime tag of this type.
+    const DTYPE: DType;
+    /// Widens to f64 (exact).
+    fn to_f64(self) -> f64;
+    /// Rounds an f64 to this type (round to nearest even).
+    fn from_f64(v: f64) -> Self;
+}
+
+impl Element for half::f16 {
+    const DTYPE: DType = DType::F16;
+    fn to_f64(self) -> f64 {
+        half::f16::to_f64(self)
+    }
+    fn from_f64(v: f64) -> Self {
+        half::f16::from_f64(v)
+    }
+}
+
+impl Element for half::bf16 {
+    const DTYPE: DType = DType::Bf16;
+    fn to_f64(self) -> f64 {
+        half::bf16::to_f64(self)
+    }
+    fn from_f64(v: f64) -> Self {
+        half::bf16::from_f64(v)
+    }
+}
+
+/// How one cache row of 576 values is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvFormat {
+    /// 576 f16 values: 1152 bytes per row.
+    F16,
+    /// 576 bf16 values: 1152 bytes per row.
+    Bf16,
+    /// The FlashMLA / vLLM sparse format, 656 bytes per row (described only: its kernels
+    /// are a later issue).
+    ///
+    /// Layout of one row, in order:
+    /// - bytes `0..512`: the 512 latent values as float8 e4m3;
+    /// - bytes `512..528`: 4 fp32 scales, one per 128 latent values (dequant = fp8 · scale);
+    /// - bytes `528..656`: the 64 RoPE values as bf16 (not quantized).
+    Fp8DsMla,
+}
+
+impl KvFormat {
+    /// Bytes of one cache row: 1152, 1152 or 656.
+    pub const fn row_bytes(self) -> usize {
+        match self {
+            KvFormat::F16 | KvFormat::Bf16 => 2 * HEAD_DIM,
+            KvFormat::Fp8DsMla => LATENT_DIM + 4 * 4 + 2 * ROPE_DIM,
+        }
+    }
+
+    /// Name as the bench's `kv_format` field spells it: `"f16"`, `"bf16"`, `"fp8_ds_mla"`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            KvFormat::F16 => "f16",
+            KvFormat::Bf16 => "bf16",
+            KvFormat::Fp8DsMla => "fp8_ds_mla",
+        }
+    }
+
+    /// Parses a [`KvFormat::name`].
+    pub fn from_name(name: &str) -> Option<KvFormat> {
+        [KvFormat::F16, KvFormat::Bf16, KvFormat::Fp8DsMla]
+            .into_iter()
+            .find(|f| f.name() == name)
+    }
+
+    /// The C ABI's value.
+    pub const fn to_ffi(self) -> ffi::mla_kv_format_t {
+        match self {
+            KvFormat::F16 => ffi::mla_kv_format_t::MLA_KV_F16,
+            KvFormat::Bf16 => ffi::mla_kv_format_t::MLA_KV_BF16,
+            KvFormat::Fp8DsMla => ffi::mla_kv_format_t::MLA_KV_FP8_DS_MLA,
+        }
+    }
+}
+
+impl std::fmt::Display for KvFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constants_match_the_header() {
+        assert_eq!(HEAD_DIM, ffi::MLA_HEAD_DIM as usize);
+        assert_eq!(LATENT_DIM, ffi::MLA_LATENT_DIM as usize);
+        assert_eq!(ROPE_DIM, ffi::MLA_ROPE_DIM as usize);
+        assert_eq!(LATENT_DIM + ROPE_DIM, HEAD_DIM);
+        assert_eq!(MAX_HEADS, ffi::MLA_MAX_HEADS as usize);
+        assert_eq!(MAX_Q_LEN, ffi::MLA_MAX_Q_LEN as usize);
+        assert_eq!(MAX_TOPK, ffi::MLA_MAX_TOPK as usize);
+        assert_eq!(KvFormat::Bf16.row_bytes(), ffi::MLA_ROW_BYTES_16 as usize);
+        assert_eq!(
+            KvFormat::Fp8DsMla.row_bytes(),
+            ffi::MLA_ROW_BYTES_FP8_DS_MLA as usize
+        );
+    }
+
+    #[test]
+    fn formats() {
+        assert_eq!(KvFormat::F16.row_bytes(), 1152);
+        assert_eq!(KvFormat::Fp8DsMla.row_bytes(), 656);
+        for f in [KvFormat::F16, KvFormat::Bf16, KvFormat::Fp8DsMla] {
+            assert_eq!(KvFormat::from_name(f.name()), Some(f));
+        }
+        assert_eq!(KvFormat::from_name("fp8"), None);
+        assert_eq!(DType::Bf16.kv_format(), KvFormat::Bf16);
+    }
+
+    #[test]
+    fn element_round_trip() {
+        assert_eq!(<half::bf16 as Element>::DTYPE, DType::Bf16);
+        assert_eq!(<half::f16 as Element>::DTYPE, DType::F16);
+        assert_eq!(half::f16::from_f64(0.5).to_f64(), 0.5);
+        assert_eq!(<half::bf16 as Element>::from_f64(-2.0).to_f64(), -2.0);
+    }
+}

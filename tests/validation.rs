@@ -1,0 +1,784 @@
+//! CPU tests (no GPU) of the host-side checks: every validation error fires on its bad input
+//! and names the right argument; plus the config presets, fault codes and status mapping.
+
+use mla_decode::validate::{
+    self, AppendCall, Buf, CacheDesc, DenseCall, GatherCall, IndicesDesc, PlanDesc, QueryDesc,
+    Rows, SparseCall, TableDesc,
+};
+use mla_decode::{
+    status_to_result, DType, DenseShape, Error, ErrorFlag, FaultCode, KvFormat, MlaConfig,
+    PlanKind, SparseShape, HEAD_DIM, LATENT_DIM, ROPE_DIM,
+};
+
+const BASE: u64 = 0x7f00_0000_0000;
+const HEADS: usize = 8;
+
+/// A buffer on device 0 with a fresh, 256-aligned address.
+fn buf(n: u64, bytes: usize) -> Buf {
+    Buf {
+        addr: BASE + n * 0x1000_0000,
+        bytes,
+        device: 0,
+    }
+}
+
+/// Contiguous `[tokens, HEADS, width]` of 2-byte elements.
+fn rows(n: u64, tokens: usize, width: usize, elem: usize) -> Rows {
+    Rows {
+        buf: buf(n, tokens * HEADS * width * elem),
+        token_stride: HEADS * width,
+        head_stride: width,
+        num_heads: Some(HEADS),
+    }
+}
+
+fn cache() -> CacheDesc {
+    CacheDesc {
+        buf: buf(2, 10 * 64 * 1152),
+        num_blocks: 10,
+        block_size: 64,
+        block_stride_bytes: 64 * 1152,
+    }
+}
+
+fn dense_shape() -> DenseShape {
+    DenseShape {
+        batch: 2,
+        q_len: 2,
+        num_heads: HEADS,
+        block_size: 64,
+        max_blocks_per_seq: 4,
+    }
+}
+
+fn sparse_shape() -> SparseShape {
+    SparseShape {
+        num_tokens: 3,
+        num_heads: HEADS,
+        topk: 2048,
+    }
+}
+
+/// A valid dense call: batch 2, q_len 2 (4 tokens), 8 heads, 10 blocks of 64.
+fn dense() -> DenseCall {
+    DenseCall {
+        device: 0,
+        dtype: DType::Bf16,
+        plan: PlanDesc {
+            kind: PlanKind::Dense(dense_shape()),
+            device: 0,
+            updated: true,
+        },
+        q: QueryDesc::Packed(rows(1, 4, HEAD_DIM, 2)),
+        kv_cache: cache(),
+        block_table: TableDesc {
+            buf: buf(3, 2 * 4 * 4),
+            batch: 2,
+            max_blocks_per_seq: 4,
+            stride: 4,
+        },
+        out: rows(4, 4, LATENT_DIM, 2),
+        lse: Some(rows(5, 4, 1, 4)),
+        softmax_scale: 0.0625,
+        error_flag: Some(buf(6, 16)),
+    }
+}
+
+/// A valid sparse call: 3 tokens, 8 heads, topk 2048.
+fn sparse() -> SparseCall {
+    SparseCall {
+        device: 0,
+        dtype: DType::F16,
+        plan: PlanDesc {
+            kind: PlanKind::Sparse(sparse_shape()),
+            device: 0,
+            updated: true,
+        },
+        q: QueryDesc::Split {
+            nope: rows(1, 3, LATENT_DIM, 2),
+            rope: rows(7, 3, ROPE_DIM, 2),
+        },
+        kv_cache: cache(),
+        indices: IndicesDesc {
+            buf: buf(3, 3 * 2048 * 4),
+            topk: 2048,
+            stride: 2048,
+        },
+        out: rows(4, 3, LATENT_DIM, 2),
+        lse: None,
+        softmax_scale: 0.1352,
+        error_flag: None,
+    }
+}
+
+/// A valid append of 5 rows.
+fn append() -> AppendCall {
+    AppendCall {
+        device: 0,
+        dtype: DType::Bf16,
+        kv: buf(1, 5 * HEAD_DIM * 2),
+        kv_token_stride: HEAD_DIM,
+        slot_mapping: buf(3, 5 * 8),
+        kv_cache: cache(),
+        error_flag: Some(buf(6, 16)),
+    }
+}
+
+/// A valid gather of 3 tokens × topk 2048 over a batch of 2.
+fn gather() -> GatherCall {
+    GatherCall {
+        device: 0,
+        positions: buf(1, 3 * 2048 * 4),
+        positions_stride: 2048,
+        topk: 2048,
+        req_id: buf(2, 3 * 4),
+        block_table: TableDesc {
+            buf: buf(3, 2 * 32 * 4),
+            batch: 2,
+            max_blocks_per_seq: 32,
+            stride: 32,
+        },
+        seq_lens: buf(4, 2 * 4),
+        num_blocks: 64,
+        block_size: 64,
+        out: buf(5, 3 * 2048 * 4),
+        out_stride: 2048,
+        error_flag: None,
+    }
+}
+
+/// Asserts `r` is `InvalidArgument` for `arg` with a reason containing `needle`.
+#[track_caller]
+fn expect(r: mla_decode::Result<()>, arg: &str, needle: &str) {
+    match r {
+        Err(Error::InvalidArgument { arg: a, reason }) => {
+            assert_eq!(a, arg, "wrong argument named (reason: {reason})");
+            assert!(
+                reason.contains(needle),
+                "reason {reason:?} lacks {needle:?}"
+            );
+        }
+        other => panic!("expected InvalidArgument({arg}), got {other:?}"),
+    }
+}
+
+fn packed(c: &mut DenseCall) -> &mut Rows {
+    match &mut c.q {
+        QueryDesc::Packed(r) => r,
+        QueryDesc::Split { .. } => unreachable!(),
+    }
+}
+
+#[test]
+fn valid_calls_pass() {
+    assert_eq!(validate::dense(&dense()), Ok(()));
+    assert_eq!(validate::sparse(&sparse()), Ok(()));
+    assert_eq!(validate::append(&append()), Ok(()));
+    assert_eq!(validate::gather(&gather()), Ok(()));
+    assert_eq!(validate::dense_shape(&dense_shape()), Ok(()));
+    assert_eq!(validate::sparse_shape(&sparse_shape()), Ok(()));
+    // Strided views that are not contiguous but fine: FlashMLA-style lse [heads, tokens],
+    // q as a slice of a wider buffer, padded cache blocks.
+    let mut c = dense();
+    c.lse = Some(Rows {
+        buf: buf(5, 4 * HEADS * 4),
+        token_stride: 1,
+        head_stride: 4,
+        num_heads: None,
+    });
+    let q = packed(&mut c);
+    q.token_stride = HEADS * 640;
+    q.head_stride = 640;
+    q.num_heads = None;
+    q.buf.bytes = 4 * HEADS * 640 * 2;
+    c.kv_cache.block_stride_bytes = 64 * 1152 + 256;
+    c.kv_cache.buf.bytes = 10 * (64 * 1152 + 256);
+    assert_eq!(validate::dense(&c), Ok(()));
+}
+
+#[test]
+fn dense_shape_limits() {
+    let s = dense_shape();
+    for (shape, arg) in [
+        (DenseShape { num_heads: 0, ..s }, "num_heads"),
+        (
+            DenseShape {
+                num_heads: 129,
+                ..s
+            },
+            "num_heads",
+        ),
+        (DenseShape { q_len: 0, ..s }, "q_len"),
+        (DenseShape { q_len: 9, ..s }, "q_len"),
+        (
+            DenseShape {
+                block_size: 48,
+                ..s
+            },
+            "block_size",
+        ),
+        (
+            DenseShape {
+                block_size: 256,
+                ..s
+            },
+            "block_size",
+        ),
+        (DenseShape { batch: 0, ..s }, "batch"),
+        (
+            DenseShape {
+                max_blocks_per_seq: 0,
+                ..s
+            },
+            "max_blocks_per_seq",
+        ),
+        (
+            DenseShape {
+                max_blocks_per_seq: (1 << 31) / 64,
+                ..s
+            },
+            "max_blocks_per_seq",
+        ),
+    ] {
+        expect(validate::dense_shape(&shape), arg, "");
+    }
+    for bs in [16, 32, 64, 128] {
+        let ok = DenseShape {
+            block_size: bs,
+            ..s
+        };
+        assert_eq!(validate::dense_shape(&ok), Ok(()));
+    }
+}
+
+#[test]
+fn sparse_shape_limits() {
+    let s = sparse_shape();
+    expect(
+        validate::sparse_shape(&SparseShape { topk: 0, ..s }),
+        "topk",
+        "0 outside 1..=4096",
+    );
+    expect(
+        validate::sparse_shape(&SparseShape { topk: 4097, ..s }),
+        "topk",
+        "4097",
+    );
+    expect(
+        validate::sparse_shape(&SparseShape { num_tokens: 0, ..s }),
+        "num_tokens",
+        "",
+    );
+    expect(
+        validate::sparse_shape(&SparseShape {
+            num_heads: 200,
+            ..s
+        }),
+        "num_heads",
+        "200",
+    );
+    let max = SparseShape {
+        topk: 4096,
+        num_heads: 128,
+        ..s
+    };
+    assert_eq!(validate::sparse_shape(&max), Ok(()));
+}
+
+#[test]
+fn query_errors() {
+    let mut c = dense();
+    packed(&mut c).buf.bytes -= 2;
+    expect(validate::dense(&c), "q", "needs");
+
+    let mut c = dense();
+    packed(&mut c).buf.addr += 8;
+    expect(validate::dense(&c), "q", "16-byte aligned");
+
+    let mut c = dense();
+    let q = packed(&mut c);
+    q.num_heads = None;
+    q.head_stride = 580; // 1160 bytes: not a multiple of 16
+    q.token_stride = HEADS * 580;
+    q.buf.bytes = 4 * HEADS * 580 * 2;
+    expect(validate::dense(&c), "q", "head stride 580");
+
+    let mut c = dense();
+    let q = packed(&mut c);
+    q.num_heads = None;
+    q.token_stride = HEADS * HEAD_DIM + 4; // 8 bytes off
+    q.buf.bytes *= 2;
+    expect(validate::dense(&c), "q", "token stride");
+
+    let mut c = dense();
+    packed(&mut c).num_heads = Some(16);
+    expect(validate::dense(&c), "q", "made for 16 heads");
+
+    let mut c = dense();
+    packed(&mut c).buf.device = 1;
+    expect(validate::dense(&c), "q", "device 1");
+
+    let mut c = dense();
+    packed(&mut c).token_stride = usize::MAX / 2;
+    expect(validate::dense(&c), "q", "too large");
+
+    // Split q: each part is checked on its own, with its own width.
+    let mut c = sparse();
+    if let QueryDesc::Split { rope, .. } = &mut c.q {
+        rope.buf.bytes = 3 * HEADS * ROPE_DIM * 2 - 2;
+    }
+    expect(validate::sparse(&c), "q_rope", "needs");
+    let mut c = sparse();
+    if let QueryDesc::Split { nope, .. } = &mut c.q {
+        nope.buf.addr += 2;
+    }
+    expect(validate::sparse(&c), "q_nope", "aligned");
+}
+
+#[test]
+fn output_and_lse_errors() {
+    let mut c = dense();
+    c.out.buf.bytes -= 2;
+    expect(validate::dense(&c), "out", "needs");
+
+    let mut c = dense();
+    c.out.buf.addr += 4;
+    expect(validate::dense(&c), "out", "aligned");
+
+    let mut c = dense();
+    c.out.num_heads = None;
+    c.out.head_stride = 256; // heads overlap
+    expect(validate::dense(&c), "out", "overlap");
+
+    let mut c = dense();
+    c.out.num_heads = None;
+    c.out.token_stride = 0; // tokens overlap
+    expect(validate::dense(&c), "out", "overlap");
+
+    let mut c = dense();
+    c.out.buf.device = 3;
+    expect(validate::dense(&c), "out", "device 3");
+
+    let mut c = dense();
+    c.lse.as_mut().unwrap().buf.bytes -= 4;
+    expect(validate::dense(&c), "lse", "needs");
+
+    let mut c = dense();
+    c.lse.as_mut().unwrap().num_heads = Some(4);
+    expect(validate::dense(&c), "lse", "made for 4 heads");
+
+    let mut c = dense();
+    let l = c.lse.as_mut().unwrap();
+    l.num_heads = None;
+    l.head_stride = 0;
+    expect(validate::dense(&c), "lse", "overlap");
+
+    let mut c = sparse();
+    c.out.buf.bytes = 2 * HEADS * LATENT_DIM * 2; // 2 tokens, plan has 3
+    expect(validate::sparse(&c), "out", "needs");
+}
+
+#[test]
+fn cache_errors() {
+    let mut c = dense();
+    c.kv_cache.block_size = 24;
+    expect(validate::dense(&c), "block_size", "24");
+
+    let mut c = dense();
+    c.kv_cache.block_stride_bytes = 64 * 1152 - 16;
+    expect(validate::dense(&c), "kv_cache", "block stride");
+
+    let mut c = dense();
+    c.kv_cache.block_stride_bytes = 64 * 1152 + 8;
+    c.kv_cache.buf.bytes *= 2;
+    expect(validate::dense(&c), "kv_cache", "multiple of 16");
+
+    let mut c = dense();
+    c.kv_cache.buf.bytes -= 16;
+    expect(validate::dense(&c), "kv_cache", "need");
+
+    let mut c = dense();
+    c.kv_cache.buf.addr += 8;
+    expect(validate::dense(&c), "kv_cache", "aligned");
+
+    let mut c = dense();
+    c.kv_cache.num_blocks = 0;
+    expect(validate::dense(&c), "kv_cache", "no whole block");
+
+    let mut c = dense();
+    c.kv_cache.buf.device = 1;
+    expect(validate::dense(&c), "kv_cache", "device");
+
+    // Sparse slot ids are int32: num_blocks * block_size must stay <= 2^31.
+    let mut c = sparse();
+    c.kv_cache.num_blocks = (1 << 31) / 64 + 1;
+    c.kv_cache.buf.bytes = usize::MAX;
+    expect(validate::sparse(&c), "kv_cache", "int32");
+    // ... which dense decode does not need.
+    let mut c = dense();
+    c.kv_cache.num_blocks = (1 << 31) / 64 + 1;
+    c.kv_cache.buf.bytes = usize::MAX;
+    assert_eq!(validate::dense(&c), Ok(()));
+}
+
+#[test]
+fn block_table_errors() {
+    let mut c = dense();
+    c.block_table.stride = 3;
+    expect(validate::dense(&c), "block_table", "stride");
+
+    let mut c = dense();
+    c.block_table.buf.bytes -= 4;
+    expect(validate::dense(&c), "block_table", "needs");
+
+    let mut c = dense();
+    c.block_table.buf.device = 2;
+    expect(validate::dense(&c), "block_table", "device 2");
+
+    let mut c = dense();
+    c.block_table.max_blocks_per_seq = 0;
+    expect(validate::dense(&c), "block_table", "max_blocks_per_seq");
+
+    // A strided table (engines' padded rows) is fine.
+    let mut c = dense();
+    c.block_table.stride = 8;
+    c.block_table.buf.bytes = (8 + 4) * 4;
+    assert_eq!(validate::dense(&c), Ok(()));
+}
+
+#[test]
+fn plan_errors() {
+    let mut c = dense();
+    c.plan.device = 1;
+    expect(validate::dense(&c), "plan", "device 1");
+
+    let mut c = dense();
+    c.plan.updated = false;
+    expect(validate::dense(&c), "plan", "update_dense");
+
+    let mut c = dense();
+    c.plan.kind = PlanKind::Sparse(sparse_shape());
+    expect(validate::dense(&c), "plan", "sparse plan");
+
+    let mut c = dense();
+    c.block_table.batch = 1;
+    expect(validate::dense(&c), "plan", "batch 2");
+
+    let mut c = dense();
+    c.block_table.max_blocks_per_seq = 3;
+    expect(validate::dense(&c), "plan", "max_blocks_per_seq 4");
+
+    let mut c = dense();
+    c.kv_cache.block_size = 32;
+    c.kv_cache.block_stride_bytes = 32 * 1152;
+    expect(validate::dense(&c), "plan", "block_size 64");
+
+    let mut c = sparse();
+    c.plan.kind = PlanKind::Dense(dense_shape());
+    expect(validate::sparse(&c), "plan", "dense plan");
+
+    let mut c = sparse();
+    c.plan.updated = false;
+    expect(validate::sparse(&c), "plan", "update_sparse");
+
+    let mut c = sparse();
+    c.indices.topk = 1024;
+    expect(validate::sparse(&c), "plan", "topk 2048");
+}
+
+#[test]
+fn softmax_scale_must_be_finite_and_positive() {
+    for s in [0.0, -0.1, f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let mut c = dense();
+        c.softmax_scale = s;
+        expect(validate::dense(&c), "softmax_scale", "finite");
+        let mut c = sparse();
+        c.softmax_scale = s;
+        expect(validate::sparse(&c), "softmax_scale", "");
+    }
+    assert_eq!(validate::softmax_scale(1e-3), Ok(()));
+}
+
+#[test]
+fn plan_update_errors() {
+    let dense_plan = dense().plan;
+    let sparse_plan = sparse().plan;
+    let lens = buf(1, 2 * 4);
+    assert_eq!(validate::dense_update(&dense_plan, &lens, None, 0), Ok(()));
+    expect(
+        validate::dense_update(&dense_plan, &buf(1, 4), None, 0),
+        "seq_lens",
+        "needs 2",
+    );
+    expect(
+        validate::dense_update(&dense_plan, &Buf { device: 1, ..lens }, None, 0),
+        "seq_lens",
+        "device 1",
+    );
+    expect(
+        validate::dense_update(&sparse_plan, &lens, None, 0),
+        "plan",
+        "sparse plan",
+    );
+    expect(
+        validate::dense_update(&dense_plan, &lens, None, 1),
+        "plan",
+        "device 0",
+    );
+    // A plan never updated may of course be updated.
+    let fresh = PlanDesc {
+        updated: false,
+        ..dense_plan
+    };
+    assert_eq!(validate::dense_update(&fresh, &lens, None, 0), Ok(()));
+
+    assert_eq!(validate::sparse_update(&sparse_plan, None, 0), Ok(()));
+    assert_eq!(
+        validate::sparse_update(&sparse_plan, Some(&buf(1, 3 * 4)), 0),
+        Ok(())
+    );
+    expect(
+        validate::sparse_update(&sparse_plan, Some(&buf(1, 2 * 4)), 0),
+        "topk_len",
+        "needs 3",
+    );
+    expect(
+        validate::sparse_update(&dense_plan, None, 0),
+        "plan",
+        "dense plan",
+    );
+}
+
+#[test]
+fn indices_errors() {
+    let mut c = sparse();
+    c.indices.stride = 2000;
+    expect(validate::sparse(&c), "indices", "stride 2000");
+
+    let mut c = sparse();
+    c.indices.buf.bytes -= 4;
+    expect(validate::sparse(&c), "indices", "needs");
+
+    let mut c = sparse();
+    c.indices.buf.device = 1;
+    expect(validate::sparse(&c), "indices", "device");
+
+    let mut c = sparse();
+    c.indices.stride = 4096;
+    c.indices.buf.bytes = (2 * 4096 + 2048) * 4;
+    assert_eq!(validate::sparse(&c), Ok(()));
+}
+
+#[test]
+fn error_flag_errors() {
+    let mut c = dense();
+    c.error_flag = Some(buf(6, 8));
+    expect(validate::dense(&c), "error_flag", "needs 4");
+    let mut c = dense();
+    c.error_flag = Some(Buf {
+        device: 1,
+        ..buf(6, 16)
+    });
+    expect(validate::dense(&c), "error_flag", "device 1");
+    let mut c = append();
+    c.error_flag = Some(buf(6, 4));
+    expect(validate::append(&c), "error_flag", "");
+    expect(
+        validate::dense_update(&dense().plan, &buf(1, 8), Some(&buf(6, 0)), 0),
+        "error_flag",
+        "",
+    );
+}
+
+#[test]
+fn append_errors() {
+    let mut c = append();
+    c.kv.bytes -= 2;
+    expect(validate::append(&c), "kv", "needs");
+
+    let mut c = append();
+    c.kv.addr += 2;
+    expect(validate::append(&c), "kv", "aligned");
+
+    let mut c = append();
+    c.kv_token_stride = HEAD_DIM + 4;
+    c.kv.bytes *= 2;
+    expect(validate::append(&c), "kv", "aligned");
+
+    let mut c = append();
+    c.kv_token_stride = 512;
+    expect(validate::append(&c), "kv", "token stride 512");
+
+    let mut c = append();
+    c.slot_mapping.device = 1;
+    expect(validate::append(&c), "slot_mapping", "device");
+
+    let mut c = append();
+    c.kv_cache.block_size = 8;
+    expect(validate::append(&c), "block_size", "");
+
+    let mut c = append();
+    c.kv_cache.buf.bytes = 100;
+    expect(validate::append(&c), "kv_cache", "");
+
+    // Nothing to append is fine, whatever kv holds.
+    let mut c = append();
+    c.slot_mapping.bytes = 0;
+    c.kv.bytes = 0;
+    assert_eq!(validate::append(&c), Ok(()));
+}
+
+#[test]
+fn gather_errors() {
+    let mut c = gather();
+    c.topk = 0;
+    expect(validate::gather(&c), "topk", "");
+
+    let mut c = gather();
+    c.topk = 5000;
+    c.positions_stride = 5000;
+    c.out_stride = 5000;
+    expect(validate::gather(&c), "topk", "5000");
+
+    let mut c = gather();
+    c.req_id.bytes = 0;
+    expect(validate::gather(&c), "req_id", "0 tokens");
+
+    let mut c = gather();
+    c.positions_stride = 1000;
+    expect(validate::gather(&c), "positions", "stride 1000");
+
+    let mut c = gather();
+    c.positions.bytes -= 4;
+    expect(validate::gather(&c), "positions", "needs");
+
+    let mut c = gather();
+    c.out.bytes -= 4;
+    expect(validate::gather(&c), "out", "needs");
+
+    let mut c = gather();
+    c.out_stride = 10;
+    expect(validate::gather(&c), "out", "stride 10");
+
+    let mut c = gather();
+    c.seq_lens.bytes = 4;
+    expect(validate::gather(&c), "seq_lens", "needs 2");
+
+    let mut c = gather();
+    c.block_table.stride = 16;
+    expect(validate::gather(&c), "block_table", "stride");
+
+    let mut c = gather();
+    c.block_size = 100;
+    expect(validate::gather(&c), "block_size", "100");
+
+    let mut c = gather();
+    c.num_blocks = (1 << 31) / 64 + 1;
+    expect(validate::gather(&c), "num_blocks", "");
+
+    let mut c = gather();
+    c.num_blocks = 0;
+    expect(validate::gather(&c), "num_blocks", "");
+
+    let mut c = gather();
+    c.req_id.device = 1;
+    expect(validate::gather(&c), "req_id", "device 1");
+}
+
+#[test]
+fn config_presets() {
+    let glm = MlaConfig::glm5();
+    assert_eq!(
+        (
+            glm.num_heads,
+            glm.qk_nope_head_dim,
+            glm.qk_rope_head_dim,
+            glm.kv_lora_rank
+        ),
+        (64, 192, 64, 512)
+    );
+    assert_eq!(glm.softmax_scale(), 0.0625);
+    assert_eq!(glm.tensor_parallel(8).unwrap().num_heads, 8);
+    assert_eq!(glm.tensor_parallel(8).unwrap().softmax_scale(), 0.0625);
+
+    let ds = MlaConfig::deepseek_v3();
+    assert_eq!((ds.num_heads, ds.qk_nope_head_dim), (128, 128));
+    let yarn = ds.yarn.unwrap();
+    assert!((yarn.mscale() - 1.368_88).abs() < 1e-4, "{}", yarn.mscale());
+    let expected = 1.873_854 / 192f32.sqrt();
+    assert!((ds.softmax_scale() - expected).abs() < 1e-6);
+    assert_eq!(ds.heads_per_gpu(8), Ok(16));
+    assert_eq!(ds.tensor_parallel(128).unwrap().num_heads, 1);
+    expect(ds.tensor_parallel(3).map(|_| ()), "tp", "does not divide");
+    expect(ds.tensor_parallel(256).map(|_| ()), "tp", "");
+    assert_eq!(ds.with_softmax_scale(0.2).softmax_scale(), 0.2);
+
+    let bad_rank = MlaConfig {
+        kv_lora_rank: 256,
+        ..glm
+    };
+    expect(bad_rank.check(), "kv_lora_rank", "512");
+}
+
+#[test]
+fn fault_codes_and_flag_words() {
+    let codes = [
+        (1, FaultCode::BadBlockId),
+        (2, FaultCode::NegativeSeqLen),
+        (3, FaultCode::SeqLenTooLarge),
+        (4, FaultCode::BadSlotId),
+        (5, FaultCode::BadReqId),
+        (6, FaultCode::BadAppendSlot),
+        (42, FaultCode::Unknown(42)),
+    ];
+    for (n, code) in codes {
+        assert_eq!(FaultCode::from_u32(n), code);
+        assert_eq!(code.as_u32(), n);
+    }
+    assert_eq!(ErrorFlag::interpret([0, 0, 0, 0]), Ok(()));
+    let fault = ErrorFlag::interpret([1, 7, 123_456, 0]).unwrap_err();
+    assert_eq!(
+        fault,
+        Error::DeviceFault {
+            code: FaultCode::BadBlockId,
+            row: 7,
+            value: 123_456
+        }
+    );
+    assert!(fault.to_string().contains("block-table entry"));
+}
+
+#[test]
+fn status_mapping() {
+    assert_eq!(status_to_result("mla_plan", 0), Ok(()));
+    assert_eq!(status_to_result("mla_plan", 4), Err(Error::KernelsNotBuilt));
+    assert_eq!(status_to_result("mla_plan", 3), Err(Error::NoDevice));
+    assert_eq!(
+        status_to_result("mla_dense_decode", 1000 + 700),
+        Err(Error::Cuda {
+            call: "mla_dense_decode",
+            code: 700
+        })
+    );
+    expect(
+        status_to_result("mla_sparse_decode", 1),
+        "mla_sparse_decode",
+        "C layer",
+    );
+    assert!(matches!(
+        status_to_result("mla_sparse_decode", 2),
+        Err(Error::Unsupported(_))
+    ));
+    let msg = Error::KernelsNotBuilt.to_string();
+    assert!(msg.contains("nvcc") && msg.contains("NVCC"), "{msg}");
+}
+
+#[test]
+fn formats_and_dims() {
+    assert_eq!(KvFormat::F16.row_bytes(), 1152);
+    assert_eq!(KvFormat::Bf16.row_bytes(), 1152);
+    assert_eq!(KvFormat::Fp8DsMla.row_bytes(), 656);
+    assert_eq!(KvFormat::Fp8DsMla.name(), "fp8_ds_mla");
+    assert_eq!(HEAD_DIM, LATENT_DIM + ROPE_DIM);
+    assert_eq!(DType::F16.kv_format(), KvFormat::F16);
+}
