@@ -185,13 +185,23 @@ fn compile_kernels(nvcc: &Path) {
             build.flag(f);
         }
     }
+    // One translation unit including every csrc/*.cu: with several .cu files cc compiles
+    // relocatable device code (--device-c + device link), which changes register
+    // allocation (it spilled on sm_120); whole-program compilation does not.
     let mut sources: Vec<PathBuf> = std::fs::read_dir("csrc")
         .expect("csrc/")
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "cu"))
         .collect();
     sources.sort();
-    build.files(&sources);
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let unity: String = sources
+        .iter()
+        .map(|p| format!("#include \"{}\"\n", manifest.join(p).display()))
+        .collect();
+    let unity_path = PathBuf::from(env::var("OUT_DIR").unwrap()).join("mla_decode_all.cu");
+    std::fs::write(&unity_path, unity).expect("writing the unity .cu");
+    build.file(&unity_path);
     build.compile("mla_decode_kernels");
 
     // Static CUDA runtime: the PyPI wheels keep it in lib/, toolkits in lib64/ or

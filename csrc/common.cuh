@@ -107,6 +107,13 @@ __device__ __forceinline__ void grid_dependency_wait() {
 #endif
 }
 
+// Let the next kernel in the stream be scheduled (it still waits for this one to finish).
+__device__ __forceinline__ void grid_dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float warp_max4(float v) {  // over the 4 lanes of a quad
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));

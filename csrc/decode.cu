@@ -95,10 +95,12 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int3
         smem = padded > smem ? padded : smem;
         if (smem > optin) smem = optin;
     }
-    MLA_CUDA_TRY((set_smem_attr<__nv_bfloat16, false>(smem)));
-    MLA_CUDA_TRY((set_smem_attr<__nv_bfloat16, true>(smem)));
-    MLA_CUDA_TRY((set_smem_attr<__half, false>(smem)));
-    MLA_CUDA_TRY((set_smem_attr<__half, true>(smem)));
+    // Allow the device maximum once: schedules with and without the sm120 padding then
+    // coexist (each launch requests its own smem_bytes).
+    MLA_CUDA_TRY((set_smem_attr<__nv_bfloat16, false>(optin)));
+    MLA_CUDA_TRY((set_smem_attr<__nv_bfloat16, true>(optin)));
+    MLA_CUDA_TRY((set_smem_attr<__half, false>(optin)));
+    MLA_CUDA_TRY((set_smem_attr<__half, true>(optin)));
     int ctas = 0;
     MLA_CUDA_TRY((cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, decode_kernel<__nv_bfloat16, false>,
                                                                 Cfg::kThreads, smem)));
@@ -144,9 +146,12 @@ extern "C" mla_status_t mla_dense_decode(const mla_schedule_t* s, const mla_dens
     a.block_stride = p->block_stride_bytes;
     a.num_blocks = p->num_blocks;
     a.block_size = p->block_size;
+    a.block_shift = __builtin_ctz(static_cast<unsigned>(p->block_size));
     a.table = p->block_table;
     a.table_stride = p->block_table_stride;
     a.table_cols = p->max_blocks_per_seq;
+    a.batch = s->batch;
+    a.num_parts = s->num_parts;
     a.q_len = s->q_len;
     a.num_heads = s->num_heads;
     a.m_rows = s->q_len * s->num_heads;
@@ -183,9 +188,12 @@ extern "C" mla_status_t mla_sparse_decode(const mla_schedule_t* s, const mla_spa
     a.block_stride = p->block_stride_bytes;
     a.num_blocks = p->num_blocks;
     a.block_size = p->block_size;
+    a.block_shift = __builtin_ctz(static_cast<unsigned>(p->block_size));
     a.table = p->indices;
     a.table_stride = p->indices_stride;
     a.table_cols = p->topk;
+    a.batch = s->batch;
+    a.num_parts = s->num_parts;
     a.q_len = 1;
     a.num_heads = s->num_heads;
     a.m_rows = s->num_heads;

@@ -34,6 +34,7 @@ struct TileConfig {
     // O += P V: warps split the 512 output dims
     static constexpr int kODims = kLatentDim / kWarps;           // 128
     static constexpr int kONTiles = kODims / 8;                  // 16
+    static constexpr int kRowsPerWarp = kBlockN / kWarps;        // tile rows each warp loads
     // shared memory
     static constexpr int kKvStageBytes = kBlockN * kRowBytes;    // 36,864
     static constexpr int kQBytes = kBlockM * kRowBytes;          // 18,432
@@ -54,12 +55,14 @@ constexpr int kMinChunkTiles = 2;  // a part streams at least this many tiles
 
 // ---- plan layout (int32) ----------------------------------------------------------------
 // [0] total tiles  [1] chunk (tiles per part)  [2] batch  [3] num_parts  [4..8) reserved
-// [8 .. 8+batch+1)          prefix: first tile of each request (prefix[batch] = total)
-// [8+batch+1 .. +batch)     lens: clamped length of each request
-// [8+2*batch+1 .. +parts)   part_begin: request holding the part's first tile, -1 if empty
+// [8 .. 8+2*parts)                 per part: {first request, its first tile}, {-1, 0} if empty
+// [8+2*parts .. +batch+1)          prefix: first tile of each request (prefix[batch] = total)
+// [8+2*parts+batch+1 .. +batch)    lens: clamped length of each request
+// Every request has at least one tile (an empty one a fully masked tile), so decode
+// writes every output row of a request that no part splits.
 constexpr int kPlanHeader = 8;
 __host__ __device__ inline size_t plan_ints(int batch, int parts) {
-    return kPlanHeader + 2 * static_cast<size_t>(batch) + 1 + parts;
+    return kPlanHeader + 2 * static_cast<size_t>(parts) + 2 * static_cast<size_t>(batch) + 1;
 }
 
 // ---- arguments of the decode family ------------------------------------------------------
@@ -70,10 +73,13 @@ struct DecodeArgs {
     const uint8_t* cache;
     int64_t block_stride;  // bytes
     int32_t num_blocks;
-    int32_t block_size;
+    int32_t block_size;    // a power of two
+    int32_t block_shift;   // log2(block_size)
     const int32_t* table;  // dense: block table; sparse: indices
     int32_t table_stride;
     int32_t table_cols;    // dense: max_blocks_per_seq; sparse: topk
+    int32_t batch;
+    int32_t num_parts;
     int32_t q_len;         // dense q_len; sparse 1
     int32_t num_heads;
     int32_t m_rows;        // q_len * num_heads
@@ -88,14 +94,16 @@ struct DecodeArgs {
     uint32_t* flag;
 };
 
+// Offsets are known from the arguments, so the first loads of a CTA do not depend on
+// each other.
 struct PlanView {
-    int total, chunk, batch, parts;
+    const int32_t* header;
+    const int32_t* part_info;
     const int32_t* prefix;
     const int32_t* lens;
-    const int32_t* part_begin;
-    __device__ explicit PlanView(const int32_t* p)
-        : total(p[0]), chunk(p[1]), batch(p[2]), parts(p[3]), prefix(p + kPlanHeader),
-          lens(p + kPlanHeader + p[2] + 1), part_begin(p + kPlanHeader + 2 * p[2] + 1) {}
+    __device__ PlanView(const int32_t* p, int batch, int parts)
+        : header(p), part_info(p + kPlanHeader), prefix(p + kPlanHeader + 2 * parts),
+          lens(p + kPlanHeader + 2 * parts + batch + 1) {}
     __device__ int tiles(int b) const { return prefix[b + 1] - prefix[b]; }
 };
 
@@ -105,8 +113,7 @@ struct Cursor {
     int j;       // tile within the request
     int ntiles;  // tiles of request b
     __device__ void advance(const PlanView& pv) {
-        ++j;
-        while (j >= ntiles) {  // skip to the next request that has tiles
+        if (++j == ntiles) {  // every request has >= 1 tile
             ++b;
             j = 0;
             ntiles = pv.tiles(b);
@@ -128,9 +135,9 @@ __device__ __forceinline__ void row_token_head(const DecodeArgs& a, int b, int m
 }
 
 // The raw table entry behind one tile row, read one iteration before the tile is issued
-// so that issuing never waits on a dependent load. Lanes 0..7 of each warp own row
-// warp*8+lane. The column is clamped into the table row; the length check is done at
-// issue time.
+// so that issuing never waits on a dependent load. Lanes 0..kRowsPerWarp-1 of each warp
+// own row warp*kRowsPerWarp+lane. The column is clamped into the table row; the length
+// check is done at issue time.
 struct RowRaw {
     int entry;  // block-table entry (dense) or slot id (sparse)
     int len;    // clamped length of the request
@@ -140,83 +147,88 @@ template <bool kSparse>
 __device__ __forceinline__ RowRaw resolve_row(const DecodeArgs& a, const PlanView& pv, const Cursor& c) {
     RowRaw rr{0, 0};
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane < 8) {
-        const int pos = (c.j << kTileShift) + warp * 8 + lane;
-        const int col = min(kSparse ? pos : pos / a.block_size, a.table_cols - 1);
+    if (lane < Cfg::kRowsPerWarp) {
+        const int pos = (c.j << kTileShift) + warp * Cfg::kRowsPerWarp + lane;
+        const int col = min(kSparse ? pos : pos >> a.block_shift, a.table_cols - 1);
         rr.entry = a.table[static_cast<int64_t>(c.b) * a.table_stride + col];
         rr.len = pv.lens[c.b];
     }
     return rr;
 }
 
-// Issue the cp.async loads of one tile (and, at a segment start, of the query rows).
-// Lanes 0..7 turn their row's raw entry into a byte offset, validity and fault; then
-// each warp streams its 8 rows' 72 chunks (invalid rows are zero-filled, never read).
+// Issue the cp.async loads of one tile. Lanes 0..kRowsPerWarp-1 turn their row's raw
+// entry into a byte offset (-1: invalid row, zero-filled and never read) and record a
+// fault; then the warp streams its rows, lane l copying chunks l, l+32 and l+64 of
+// each row (one shuffle per row, no division).
 template <bool kSparse>
 __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Cursor& c, const RowRaw& rr, uint8_t* kv_stage,
-                                          int32_t* valid_stage, uint8_t* q_s, bool with_q, int m_tile) {
+                                          int32_t* valid_stage) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int64_t off = 0;
-    int ok = 0;
-    if (lane < 8) {
-        const int r = warp * 8 + lane;
+    int64_t off = -1;
+    if (lane < Cfg::kRowsPerWarp) {
+        const int r = warp * Cfg::kRowsPerWarp + lane;
         const int pos = (c.j << kTileShift) + r;
         if (pos < rr.len) {
+            const int bmask = a.block_size - 1;
             if (kSparse) {
                 const int id = rr.entry;
-                const int64_t limit = static_cast<int64_t>(a.num_blocks) * a.block_size;
-                if (id >= 0 && id < limit) {
-                    const int blk = id / a.block_size;
-                    off = blk * a.block_stride + static_cast<int64_t>(id - blk * a.block_size) * kRowBytes;
-                    ok = 1;
+                if (id >= 0 && (id >> a.block_shift) < a.num_blocks) {
+                    off = (id >> a.block_shift) * a.block_stride + static_cast<int64_t>(id & bmask) * kRowBytes;
                 } else if (id != -1) {
                     record_fault(a.flag, MLA_FAULT_BAD_SLOT_ID, c.b, id);
                 }
             } else {
                 const int e = rr.entry;
                 if (e >= 0 && e < a.num_blocks) {
-                    off = e * a.block_stride + static_cast<int64_t>(pos % a.block_size) * kRowBytes;
-                    ok = 1;
+                    off = e * a.block_stride + static_cast<int64_t>(pos & bmask) * kRowBytes;
                 } else {
                     record_fault(a.flag, MLA_FAULT_BAD_BLOCK_ID, c.b, e);
                 }
             }
         }
-        valid_stage[r] = ok;
+        valid_stage[r] = off >= 0;
     }
     const uint32_t kv_base = smem_u32(kv_stage);
 #pragma unroll
-    for (int i = 0; i < 8 * kRowChunks / 32; ++i) {  // 18 chunks per lane
-        const int q = lane + 32 * i;
-        const int rl = q / kRowChunks;
-        const int ch = q - rl * kRowChunks;
-        const int64_t roff = __shfl_sync(0xffffffffu, off, rl);
-        const int rok = __shfl_sync(0xffffffffu, ok, rl);
-        const uint8_t* src = a.cache + (rok ? roff + ch * 16 : 0);
-        cp_async_16(kv_base + swz(warp * 8 + rl, ch) * 16, src, rok ? 16 : 0);
-    }
-    if (with_q) {
-        const uint32_t q_base = smem_u32(q_s);
+    for (int i = 0; i < Cfg::kRowsPerWarp; ++i) {
+        const int64_t roff = __shfl_sync(0xffffffffu, off, i);
+        const int row = warp * Cfg::kRowsPerWarp + i;
+        const int bytes = roff >= 0 ? 16 : 0;
+        const uint8_t* src = a.cache + (roff >= 0 ? roff : 0) + lane * 16;
+        const uint32_t dst = kv_base + row * kRowBytes;
+        const int x = row & 7;
 #pragma unroll
-        for (int i = 0; i < Cfg::kBlockM * kRowChunks / Cfg::kThreads; ++i) {  // 9 per thread
-            const int idx = threadIdx.x + Cfg::kThreads * i;
-            const int r = idx / kRowChunks;
-            const int ch = idx - r * kRowChunks;
-            const int m = m_tile * Cfg::kBlockM + r;
-            const uint8_t* src = a.q_nope;
-            int bytes = 0;
-            if (m < a.m_rows) {
-                int token, head;
-                row_token_head<kSparse>(a, c.b, m, token, head);
-                if (ch < kLatentDim / 8) {
-                    src = a.q_nope + (token * a.qn_ts + head * a.qn_hs) * 2 + ch * 16;
-                } else {
-                    src = a.q_rope + (token * a.qr_ts + head * a.qr_hs) * 2 + (ch - kLatentDim / 8) * 16;
-                }
-                bytes = 16;
-            }
-            cp_async_16(q_base + swz(r, ch) * 16, src, bytes);
+        for (int k = 0; k < 3; ++k) {
+            const int ch = lane + 32 * k;
+            if (k < 2 || ch < kRowChunks) cp_async_16(dst + ((ch ^ x) << 4), src + k * 512, bytes);
         }
+    }
+}
+
+// At a segment start: the query rows of the tile's request into q_s (zero past m_rows),
+// in the same cp.async group as the tile.
+template <bool kSparse>
+__device__ __forceinline__ void load_q_smem(const DecodeArgs& a, int b, int m_tile, uint8_t* q_s) {
+    const uint32_t q_base = smem_u32(q_s);
+#pragma unroll
+    for (int i = 0; i < Cfg::kBlockM * kRowChunks / Cfg::kThreads; ++i) {  // 9 per thread
+        const int idx = threadIdx.x + Cfg::kThreads * i;
+        const int r = idx / kRowChunks;
+        const int ch = idx - r * kRowChunks;
+        const int m = m_tile * Cfg::kBlockM + r;
+        const uint8_t* src = a.q_nope;
+        int bytes = 0;
+        if (m < a.m_rows) {
+            int token, head;
+            row_token_head<kSparse>(a, b, m, token, head);
+            if (ch < kLatentDim / 8) {
+                src = a.q_nope + (token * a.qn_ts + head * a.qn_hs) * 2 + ch * 16;
+            } else {
+                src = a.q_rope + (token * a.qr_ts + head * a.qr_hs) * 2 + (ch - kLatentDim / 8) * 16;
+            }
+            bytes = 16;
+        }
+        cp_async_16(q_base + swz(r, ch) * 16, src, bytes);
     }
 }
 
@@ -229,21 +241,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
     float4* part_s = reinterpret_cast<float4*>(q_s + Cfg::kQBytes);
     int32_t* valid_s = reinterpret_cast<int32_t*>(reinterpret_cast<uint8_t*>(part_s) + Cfg::kPartialBytes);
 
-    const PlanView pv(a.plan);
+    const PlanView pv(a.plan, a.batch, a.num_parts);
     const int m_tile = blockIdx.x;
     const int part = blockIdx.y;
-    const int lo = part * pv.chunk;
-    if (lo >= pv.total) return;
-    const int hi = min(lo + pv.chunk, pv.total);
-    const int first_req = pv.part_begin[part];
+    const int total = pv.header[0], chunk = pv.header[1];
+    const int first_req = pv.part_info[2 * part], first_j = pv.part_info[2 * part + 1];
+    const int lo = part * chunk;
+    if (lo >= total) return;
+    const int hi = min(lo + chunk, total);
+    grid_dependents_launch();
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, tq = lane & 3;
     const int mat = lane >> 3, mrow = lane & 7;
     const int nh = warp % Cfg::kSplitN, kh = warp / Cfg::kSplitN;
 
-    Cursor cc{first_req, lo - pv.prefix[first_req], pv.tiles(first_req)};
-    load_tile<kSparse>(a, cc, resolve_row<kSparse>(a, pv, cc), kv_s, valid_s, q_s, true, m_tile);
+    Cursor cc{first_req, first_j, pv.tiles(first_req)};
+    load_tile<kSparse>(a, cc, resolve_row<kSparse>(a, pv, cc), kv_s, valid_s);
+    load_q_smem<kSparse>(a, cc.b, m_tile, q_s);
     cp_async_commit();
     Cursor nc = cc;  // the next tile, its rows resolved one iteration ahead
     RowRaw nraw{0, 0};
@@ -298,8 +313,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
         if (x + 1 < hi) {
             next_seg = (nc.j == 0);
             if (seg_start && next_seg) __syncthreads();  // q_s was just read: let every warp finish
-            load_tile<kSparse>(a, nc, nraw, kv_s + (stage ^ 1) * Cfg::kKvStageBytes, valid_s + (stage ^ 1) * Cfg::kBlockN,
-                               q_s, next_seg, m_tile);
+            load_tile<kSparse>(a, nc, nraw, kv_s + (stage ^ 1) * Cfg::kKvStageBytes, valid_s + (stage ^ 1) * Cfg::kBlockN);
+            if (next_seg) load_q_smem<kSparse>(a, nc.b, m_tile, q_s);
             if (x + 2 < hi) {
                 n2.advance(pv);
                 n2raw = resolve_row<kSparse>(a, pv, n2);
@@ -376,12 +391,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
             l_run[hf] = l_run[hf] * alpha[hf] + sum;
             m_run[hf] = m_new;
         }
+        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // the running max moved
 #pragma unroll
-        for (int n = 0; n < Cfg::kONTiles; ++n) {
-            o[n][0] *= alpha[0];
-            o[n][1] *= alpha[0];
-            o[n][2] *= alpha[1];
-            o[n][3] *= alpha[1];
+            for (int n = 0; n < Cfg::kONTiles; ++n) {
+                o[n][0] *= alpha[0];
+                o[n][1] *= alpha[0];
+                o[n][2] *= alpha[1];
+                o[n][3] *= alpha[1];
+            }
         }
 
         // ---- O += P V over this warp's 128 output dims ----
@@ -459,17 +476,18 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Decod
     __shared__ float red_max[kCombineWarps];
     __shared__ float red_w[kCombineWarps];
     __shared__ float4 red_o[kCombineWarps][kLatentDim / 4];
-    const PlanView pv(a.plan);
+    const PlanView pv(a.plan, a.batch, a.num_parts);
     const int p = blockIdx.x + 1;
     const int m = blockIdx.y;
-    if (p >= pv.parts || p * pv.chunk >= pv.total) return;
-    const int r = pv.part_begin[p];
-    const int start = pv.prefix[r];
-    if (!(start < p * pv.chunk && start >= (p - 1) * pv.chunk)) return;
+    const int total = pv.header[0], chunk = pv.header[1];
+    const int r = pv.part_info[2 * p], rj = pv.part_info[2 * p + 1];
+    // boundary p lies inside request r (rj > 0) and r began in part p-1 (rj <= chunk)
+    if (p >= a.num_parts || p * chunk >= total || !(rj > 0 && rj <= chunk)) return;
     const int first = p - 1;
-    const int last = (pv.prefix[r + 1] - 1) / pv.chunk;
+    const int last = (p * chunk - rj + pv.tiles(r) - 1) / chunk;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    auto slot_of = [&](int q) { return 2 * q + (pv.part_begin[q] == r ? 0 : 1); };
+    // part `first` holds r as its first request only when r starts exactly there
+    auto slot_of = [&](int q) { return 2 * q + (q == first && rj != chunk ? 1 : 0); };
 
     float mx = -INFINITY;
     for (int q = first + threadIdx.x; q <= last; q += kCombineWarps * 32)

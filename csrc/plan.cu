@@ -12,9 +12,11 @@ __global__ void __launch_bounds__(1024) plan_kernel(const int32_t* lens_in, int3
     __shared__ int warp_tot[32];
     __shared__ int carry_s;
     __shared__ int chunk_s;
-    int32_t* prefix = plan + kPlanHeader;
+    grid_dependency_wait();  // lens may come from the previous kernel
+    grid_dependents_launch();
+    int32_t* part_info = plan + kPlanHeader;
+    int32_t* prefix = part_info + 2 * parts;
     int32_t* lens = prefix + batch + 1;
-    int32_t* part_begin = lens + batch;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     if (tid == 0) carry_s = 0;
     __syncthreads();
@@ -79,16 +81,18 @@ __global__ void __launch_bounds__(1024) plan_kernel(const int32_t* lens_in, int3
     const int32_t* pf = batch <= kSmemPrefix ? prefix_s : prefix;
     for (int p = tid; p < parts; p += 1024) {
         const int x = p * chunk;
-        int r = -1;
-        if (x < total) {  // largest b with prefix[b] <= x
+        int r = -1, j = 0;
+        if (x < total) {  // the request holding tile x: largest b with prefix[b] <= x
             int lo = 0, hi = batch - 1;
             while (lo < hi) {
                 const int mid = (lo + hi + 1) >> 1;
                 if (pf[mid] <= x) lo = mid; else hi = mid - 1;
             }
             r = lo;
+            j = x - pf[lo];
         }
-        part_begin[p] = r;
+        part_info[2 * p] = r;
+        part_info[2 * p + 1] = j;
     }
 }
 
@@ -110,9 +114,17 @@ extern "C" size_t mla_workspace_bytes(const mla_schedule_t* s) {
 extern "C" mla_status_t mla_plan(const mla_schedule_t* s, const int32_t* lens, int32_t check_lens, int32_t* plan,
                                  uint32_t* error_flag, void* stream) {
     MLA_REQUIRE(s != nullptr && plan != nullptr && s->batch >= 1 && s->num_parts >= 1);
-    plan_kernel<<<1, 1024, 0, static_cast<cudaStream_t>(stream)>>>(lens, check_lens, s->batch, s->max_len,
-                                                                  s->num_parts, plan, error_flag);
-    return mla_cuda_status(cudaGetLastError());
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(1);
+    cfg.blockDim = dim3(1024);
+    cfg.stream = static_cast<cudaStream_t>(stream);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = s->pdl ? 1 : 0;
+    return mla_cuda_status(cudaLaunchKernelEx(&cfg, plan_kernel, lens, check_lens, s->batch, s->max_len, s->num_parts,
+                                              plan, error_flag));
 }
 
 extern "C" mla_tile_info_t mla_tile_info(void) {

@@ -337,7 +337,11 @@ static double run_sparse(int T, int heads, int topk, int pool, bool holes, int o
 }
 
 int main(int argc, char** argv) {
-    const bool quick = argc > 1;
+    const bool quick = argc > 1 && argv[1][0] == 'q';
+    if (argc > 1 && argv[1][0] == 'p') {  // one case, for ncu
+        run_dense(64, 1, 8, 64, 4096, false, 0, false);
+        return 0;
+    }
     CK(cudaStreamCreateWithFlags(&g_st, cudaStreamNonBlocking));
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
