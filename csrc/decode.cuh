@@ -468,7 +468,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
 // request is merged exactly once), on query row m. Its 4 warps take every 4th piece
 // (lane owns 16 of the 512 dims), then add their partial sums in warp order: the
 // result does not depend on timing.
-constexpr int kCombineWarps = 4;
+constexpr int kCombineWarps = 8;
 
 template <typename T, bool kSparse>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const DecodeArgs a) {
