@@ -48,7 +48,9 @@ usage: cargo bench --bench decode -- [OPTIONS]
 Times are medians of CUDA-event timings with L2 flushed before each run (a memset of
 max(2 x L2, 256 MiB), outside the events). GB/s counts cache rows read x 1152 B + q + out
 (+ indices x 4 for sparse); % copy compares it with a 1 GiB device-to-device copy;
-TFLOP/s counts 2 x (576 + 512) per (query row, head, cache row). Cases under 64 MB also
+TFLOP/s counts 2 x (576 + 512) per (query row, head, cache row). A step is plan update +
+decode + combine; the layer column times decode + combine alone, what every further layer of
+the same decode step costs (the plan is shared by the layers). Cases under 64 MB also
 report the replay time of the step captured in a CUDA graph.";
 
 const WARMUP: usize = 5;
@@ -244,6 +246,7 @@ fn run_case(
             meta: w.meta().clone(),
             sm120_occupancy,
             us: timing.us,
+            layer_us: timing.layer_us,
             graph_us: timing.graph_us,
             accuracy,
             copy_gbps,

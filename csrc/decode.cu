@@ -1,5 +1,7 @@
 // C entry points of dense and sparse decode: check arguments, fill DecodeArgs, launch
 // decode_kernel then combine_kernel on the caller's stream.
+#include <stdlib.h>
+
 #include "decode.cuh"
 
 using namespace mla;
@@ -22,7 +24,7 @@ cudaError_t launch_pdl(void (*kernel)(DecodeArgs), dim3 grid, int threads, int s
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
+    cfg.numAttrs = pdl > 0 ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kernel, a);
 }
 
@@ -34,7 +36,7 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
     (void)batch;
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     const dim3 grid(s->num_m_tiles, s->num_parts);
-    const dim3 cgrid(s->num_parts > 1 ? s->num_parts - 1 : 1, a.m_rows);
+    const dim3 cgrid(plan_max_splits(s->batch, s->num_parts), a.m_rows);
     if (dtype == MLA_DTYPE_BF16) {
         MLA_CUDA_TRY((launch_pdl(decode_kernel<__nv_bfloat16, kSparse>, grid, Cfg::kThreads, s->smem_bytes, st, s->pdl, a)));
         MLA_CUDA_TRY((launch_pdl(combine_kernel<__nv_bfloat16, kSparse>, cgrid, kCombineWarps * 32, 0, st, s->pdl, a)));
@@ -122,7 +124,13 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int3
     s->sm_count = sm_count;
     s->sm120_occupancy = sm120_occupancy ? 1 : 0;
     s->device = dev;
-    s->pdl = major >= 9 ? 1 : 0;
+    // Programmatic dependent launch (sm_90+): bit 0 = launch attribute on, bits 1-2 = the
+    // plan / decode kernel let their successor be scheduled early. Default 3 (measured in
+    // docs/PERFORMANCE.md: an early trigger in decode lets combine CTAs sit resident and
+    // slows long single sequences). MLA_PDL overrides it for experiments (0 = off).
+    int pdl = 3;
+    if (const char* e = getenv("MLA_PDL")) pdl = atoi(e);
+    s->pdl = major >= 9 && pdl > 0 ? pdl : 0;
     return MLA_STATUS_OK;
 }
 
@@ -166,6 +174,7 @@ extern "C" mla_status_t mla_dense_decode(const mla_schedule_t* s, const mla_dens
     a.ws_o = p->workspace;
     a.ws_lse = p->workspace + 2 * static_cast<size_t>(s->num_parts) * a.m_rows * kLatentDim;
     a.flag = p->error_flag;
+    a.pdl = s->pdl >> 1;
     return launch<false>(s, a, p->dtype, s->batch, stream);
 }
 
@@ -208,5 +217,6 @@ extern "C" mla_status_t mla_sparse_decode(const mla_schedule_t* s, const mla_spa
     a.ws_o = p->workspace;
     a.ws_lse = p->workspace + 2 * static_cast<size_t>(s->num_parts) * a.m_rows * kLatentDim;
     a.flag = p->error_flag;
+    a.pdl = s->pdl >> 1;
     return launch<true>(s, a, p->dtype, s->batch, stream);
 }

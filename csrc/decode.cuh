@@ -54,16 +54,40 @@ static_assert((1 << kTileShift) == Cfg::kBlockN, "tile shift");
 constexpr int kMinChunkTiles = 2;  // a part streams at least this many tiles
 
 // ---- plan layout (int32) ----------------------------------------------------------------
-// [0] total tiles  [1] chunk (tiles per part)  [2] batch  [3] num_parts  [4..8) reserved
-// [8 .. 8+2*parts)                 per part: {first request, its first tile}, {-1, 0} if empty
-// [8+2*parts .. +batch+1)          prefix: first tile of each request (prefix[batch] = total)
-// [8+2*parts+batch+1 .. +batch)    lens: clamped length of each request
+// [0] total tiles  [1] chunk (tiles per part)  [2] batch  [3] num_parts
+// [4] number of split requests  [5..8) reserved
+// part_info [2*parts]        per part: {first request, its first tile}, {-1, 0} if empty
+// prefix    [batch+1]        first tile of each request (prefix[batch] = total)
+// lens      [batch]          clamped length of each request
+// splits    [4*max_splits]   requests covered by more than one part, in order:
+//                            {request, first part, last part, 1 if the request is not the
+//                            first part's first request (its first piece is in slot 2p+1)}
 // Every request has at least one tile (an empty one a fully masked tile), so decode
-// writes every output row of a request that no part splits.
+// writes every output row of a request that no part splits. A split request contains a
+// part boundary, so there are at most min(parts-1, batch) of them.
 constexpr int kPlanHeader = 8;
-__host__ __device__ inline size_t plan_ints(int batch, int parts) {
-    return kPlanHeader + 2 * static_cast<size_t>(parts) + 2 * static_cast<size_t>(batch) + 1;
+__host__ __device__ inline int plan_max_splits(int batch, int parts) {
+    const int m = parts - 1 < batch ? parts - 1 : batch;
+    return m > 1 ? m : 1;
 }
+__host__ __device__ inline size_t plan_splits_offset(int batch, int parts) {  // 16-byte aligned
+    return (kPlanHeader + 2 * static_cast<size_t>(parts) + 2 * static_cast<size_t>(batch) + 1 + 3) & ~static_cast<size_t>(3);
+}
+__host__ __device__ inline size_t plan_ints(int batch, int parts) {
+    return plan_splits_offset(batch, parts) + 4 * static_cast<size_t>(plan_max_splits(batch, parts));
+}
+template <typename I>
+struct PlanLayoutT {
+    I* header;
+    I* part_info;
+    I* prefix;
+    I* lens;
+    I* splits;
+    __host__ __device__ PlanLayoutT(I* p, int batch, int parts)
+        : header(p), part_info(p + kPlanHeader), prefix(part_info + 2 * parts), lens(prefix + batch + 1),
+          splits(p + plan_splits_offset(batch, parts)) {}
+};
+using PlanLayout = PlanLayoutT<int32_t>;
 
 // ---- arguments of the decode family ------------------------------------------------------
 struct DecodeArgs {
@@ -92,18 +116,13 @@ struct DecodeArgs {
     float* ws_o;           // [2*parts, m_rows, 512]
     float* ws_lse;         // [2*parts, m_rows], log2 domain
     uint32_t* flag;
+    int32_t pdl;           // mla_schedule_t::pdl: bit 1 = trigger the combine launch early
 };
 
 // Offsets are known from the arguments, so the first loads of a CTA do not depend on
 // each other.
-struct PlanView {
-    const int32_t* header;
-    const int32_t* part_info;
-    const int32_t* prefix;
-    const int32_t* lens;
-    __device__ PlanView(const int32_t* p, int batch, int parts)
-        : header(p), part_info(p + kPlanHeader), prefix(p + kPlanHeader + 2 * parts),
-          lens(p + kPlanHeader + 2 * parts + batch + 1) {}
+struct PlanView : PlanLayoutT<const int32_t> {
+    __device__ PlanView(const int32_t* p, int batch, int parts) : PlanLayoutT<const int32_t>(p, batch, parts) {}
     __device__ int tiles(int b) const { return prefix[b + 1] - prefix[b]; }
 };
 
@@ -249,7 +268,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
     const int lo = part * chunk;
     if (lo >= total) return;
     const int hi = min(lo + chunk, total);
-    grid_dependents_launch();
+    if (a.pdl & 2) grid_dependents_launch();
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, tq = lane & 3;
@@ -463,11 +482,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
     cp_async_wait<0>();
 }
 
-// Merge the pieces of split requests. CTA (x, m): boundary p = x + 1 between parts p-1
-// and p; the CTA works only if p is the first boundary inside request r (so each split
-// request is merged exactly once), on query row m. Its 4 warps take every 4th piece
-// (lane owns 16 of the 512 dims), then add their partial sums in warp order: the
-// result does not depend on timing.
+// Merge the pieces of split requests. CTA (k, m): the k-th split request of the plan's
+// list, query row m. Its warps take every kCombineWarps-th piece (lane owns 16 of the 512
+// dims), then add their partial sums in warp order: the result does not depend on timing.
 constexpr int kCombineWarps = 8;
 
 template <typename T, bool kSparse>
@@ -477,18 +494,16 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Decod
     __shared__ float red_w[kCombineWarps];
     __shared__ float4 red_o[kCombineWarps][kLatentDim / 4];
     const PlanView pv(a.plan, a.batch, a.num_parts);
-    const int p = blockIdx.x + 1;
+    const int k = blockIdx.x;
     const int m = blockIdx.y;
-    const int total = pv.header[0], chunk = pv.header[1];
-    const int r = pv.part_info[2 * p], rj = pv.part_info[2 * p + 1];
-    // boundary p lies inside request r (rj > 0) and r began in part p-1 (rj <= chunk)
-    if (p >= a.num_parts || p * chunk >= total || !(rj > 0 && rj <= chunk)) return;
-    const int first = p - 1;
-    const int last = (p * chunk - rj + pv.tiles(r) - 1) / chunk;
+    const int count = pv.header[4];
+    const int4 e = reinterpret_cast<const int4*>(pv.splits)[k];  // loaded alongside count
+    if (k >= count) return;
+    const int r = e.x, first = e.y, last = e.z, first_tail = e.w;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    // part `first` holds r as its first request only when r starts exactly there
-    auto slot_of = [&](int q) { return 2 * q + (q == first && rj != chunk ? 1 : 0); };
+    auto slot_of = [&](int q) { return 2 * q + (q == first ? first_tail : 0); };
 
+    // Pass 1: the max lse over the pieces (threads in parallel, one round trip).
     float mx = -INFINITY;
     for (int q = first + threadIdx.x; q <= last; q += kCombineWarps * 32)
         mx = fmaxf(mx, a.ws_lse[static_cast<size_t>(slot_of(q)) * a.m_rows + m]);
@@ -500,6 +515,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Decod
 #pragma unroll
     for (int w = 1; w < kCombineWarps; ++w) mx = fmaxf(mx, red_max[w]);
 
+    // Pass 2: weighted sum; the loads of different pieces are independent.
     float acc[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) acc[i] = 0.f;
@@ -508,7 +524,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Decod
 #pragma unroll 4
         for (int q = first + warp; q <= last; q += kCombineWarps) {
             const size_t row = static_cast<size_t>(slot_of(q)) * a.m_rows + m;
-            const float w = exp2f(a.ws_lse[row] - mx);
+            const float w = exp2f(a.ws_lse[row] - mx);  // an empty piece: 0
             wsum += w;
             const float4* src = reinterpret_cast<const float4*>(a.ws_o + row * kLatentDim + lane * 16);
 #pragma unroll
@@ -527,6 +543,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Decod
     if (lane == 0) red_w[warp] = wsum;
     __syncthreads();
     if (warp != 0) return;
+    // Add the warps' sums in warp order.
     float wt = 0.f;
 #pragma unroll
     for (int w = 0; w < kCombineWarps; ++w) wt += red_w[w];
@@ -538,7 +555,10 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Decod
 #pragma unroll
         for (int w = 1; w < kCombineWarps; ++w) {
             const float4 u = red_o[w][lane * 4 + i];
-            t.x += u.x; t.y += u.y; t.z += u.z; t.w += u.w;
+            t.x += u.x;
+            t.y += u.y;
+            t.z += u.z;
+            t.w += u.w;
         }
         out[4 * i + 0] = t.x * inv;
         out[4 * i + 1] = t.y * inv;

@@ -82,7 +82,8 @@ typedef struct {
     int32_t sm_count;
     int32_t sm120_occupancy;/* 1: smem request padded so that an sm_90 SM holds as few CTAs as an sm_120 SM */
     int32_t device;         /* CUDA device ordinal the schedule was made for */
-    int32_t pdl;            /* 1: decode and combine use programmatic dependent launch (sm_90+) */
+    int32_t pdl;            /* programmatic dependent launch (sm_90+): 0 off; bit 0 on; bit 1 the plan,
+                               bit 2 the decode kernel trigger their successor early */
 } mla_schedule_t;
 
 /* Fill *s for a problem shape on the current device. */

@@ -75,6 +75,11 @@ pub trait Workload {
     fn schedule(&self) -> Option<ffi::mla_schedule_t>;
     /// One timed step; allocates nothing and does not synchronize (graph-capturable).
     fn step(&mut self, stream: &CudaStream) -> mla_decode::Result<()>;
+    /// What every further layer of the same decode step costs: the step without the plan
+    /// update (the plan is shared by the layers). The gather has no plan: the step itself.
+    fn layer(&mut self, stream: &CudaStream) -> mla_decode::Result<()> {
+        self.step(stream)
+    }
     /// Synchronizes; fails if a kernel recorded a fault in the case's error flag.
     fn check_flag(&self, stream: &CudaStream) -> Res<()>;
     /// Compares the last step's output with the reference (computed on first use).
@@ -391,10 +396,16 @@ impl<T: Element> Workload for DenseCase<T> {
     }
 
     fn step(&mut self, stream: &CudaStream) -> mla_decode::Result<()> {
-        let s = &self.setup;
         let io = &mut self.io;
         let plan = io.plan.as_mut().ok_or_else(no_plan)?;
         plan.update_dense(stream, &self.seq_lens.as_view(), Some(&io.flag))?;
+        self.layer(stream)
+    }
+
+    fn layer(&mut self, stream: &CudaStream) -> mla_decode::Result<()> {
+        let s = &self.setup;
+        let io = &mut self.io;
+        let plan = io.plan.as_ref().ok_or_else(no_plan)?;
         dense_decode(
             stream,
             plan,
@@ -551,10 +562,15 @@ impl<T: Element> Workload for SparseCase<T> {
     }
 
     fn step(&mut self, stream: &CudaStream) -> mla_decode::Result<()> {
+        let plan = self.io.plan.as_mut().ok_or_else(no_plan)?;
+        plan.update_sparse(stream, None)?;
+        self.layer(stream)
+    }
+
+    fn layer(&mut self, stream: &CudaStream) -> mla_decode::Result<()> {
         let s = &self.setup;
         let io = &mut self.io;
-        let plan = io.plan.as_mut().ok_or_else(no_plan)?;
-        plan.update_sparse(stream, None)?;
+        let plan = io.plan.as_ref().ok_or_else(no_plan)?;
         sparse_decode(
             stream,
             plan,
