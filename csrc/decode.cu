@@ -28,6 +28,11 @@ cudaError_t launch_pdl(void (*kernel)(DecodeArgs), dim3 grid, int threads, int s
     return cudaLaunchKernelEx(&cfg, kernel, a);
 }
 
+// Query rows per combine CTA. With at most ~16 parts per request a split request has few
+// pieces, and a warp per row merges them in a few round trips; more parts per request
+// (a few long sequences) keep 8 warps per row.
+int combine_rows(const mla_schedule_t* s) { return s->num_parts <= 16 * s->batch ? kCombineWarps : 1; }
+
 template <bool kSparse>
 mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dtype, int batch, void* stream) {
     int dev = -1;
@@ -36,7 +41,7 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
     (void)batch;
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     const dim3 grid(s->num_m_tiles, s->num_parts);
-    const dim3 cgrid(plan_max_splits(s->batch, s->num_parts), a.m_rows);
+    const dim3 cgrid(plan_max_splits(s->batch, s->num_parts), (a.m_rows + a.combine_rows - 1) / a.combine_rows);
     if (dtype == MLA_DTYPE_BF16) {
         MLA_CUDA_TRY((launch_pdl(decode_kernel<__nv_bfloat16, kSparse>, grid, Cfg::kThreads, s->smem_bytes, st, s->pdl, a)));
         MLA_CUDA_TRY((launch_pdl(combine_kernel<__nv_bfloat16, kSparse>, cgrid, kCombineWarps * 32, 0, st, s->pdl, a)));
@@ -175,6 +180,7 @@ extern "C" mla_status_t mla_dense_decode(const mla_schedule_t* s, const mla_dens
     a.ws_lse = p->workspace + 2 * static_cast<size_t>(s->num_parts) * a.m_rows * kLatentDim;
     a.flag = p->error_flag;
     a.pdl = s->pdl >> 1;
+    a.combine_rows = combine_rows(s);
     return launch<false>(s, a, p->dtype, s->batch, stream);
 }
 
@@ -218,5 +224,6 @@ extern "C" mla_status_t mla_sparse_decode(const mla_schedule_t* s, const mla_spa
     a.ws_lse = p->workspace + 2 * static_cast<size_t>(s->num_parts) * a.m_rows * kLatentDim;
     a.flag = p->error_flag;
     a.pdl = s->pdl >> 1;
+    a.combine_rows = combine_rows(s);
     return launch<true>(s, a, p->dtype, s->batch, stream);
 }

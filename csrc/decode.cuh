@@ -117,6 +117,7 @@ struct DecodeArgs {
     float* ws_lse;         // [2*parts, m_rows], log2 domain
     uint32_t* flag;
     int32_t pdl;           // mla_schedule_t::pdl: bit 1 = trigger the combine launch early
+    int32_t combine_rows;  // query rows per combine CTA: 1 (8 warps per row) or 8 (a warp per row)
 };
 
 // Offsets are known from the arguments, so the first loads of a CTA do not depend on
@@ -482,26 +483,79 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
     cp_async_wait<0>();
 }
 
+// One warp merges query row m of split request r (pieces `first..last`) in piece order.
+template <typename T, bool kSparse>
+__device__ __forceinline__ void merge_row_warp(const DecodeArgs& a, int r, int first, int last, int first_tail, int m) {
+    const int lane = threadIdx.x & 31;
+    auto row_of = [&](int q) { return (static_cast<size_t>(2 * q + (q == first ? first_tail : 0))) * a.m_rows + m; };
+    float mx = -INFINITY;
+    for (int q = first + lane; q <= last; q += 32) mx = fmaxf(mx, a.ws_lse[row_of(q)]);
+#pragma unroll
+    for (int d = 16; d >= 1; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+    float acc[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) acc[i] = 0.f;
+    float wsum = 0.f;
+    if (mx != -INFINITY) {
+#pragma unroll 4
+        for (int q = first; q <= last; ++q) {
+            const size_t row = row_of(q);
+            const float w = exp2f(a.ws_lse[row] - mx);
+            wsum += w;
+            const float4* src = reinterpret_cast<const float4*>(a.ws_o + row * kLatentDim + lane * 16);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float4 v = src[i];
+                acc[4 * i + 0] += w * v.x;
+                acc[4 * i + 1] += w * v.y;
+                acc[4 * i + 2] += w * v.z;
+                acc[4 * i + 3] += w * v.w;
+            }
+        }
+    }
+    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+    int token, head;
+    row_token_head<kSparse>(a, r, m, token, head);
+    T* dst = reinterpret_cast<T*>(a.out) + token * a.out_ts + head * a.out_hs + lane * 16;
+    uint4 packed[2];
+    uint32_t* pw = reinterpret_cast<uint32_t*>(packed);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) pw[i] = Elem<T>::pack(acc[2 * i] * inv, acc[2 * i + 1] * inv);
+    reinterpret_cast<uint4*>(dst)[0] = packed[0];
+    reinterpret_cast<uint4*>(dst)[1] = packed[1];
+    if (lane == 0 && a.lse != nullptr) {
+        a.lse[token * a.lse_ts + head * a.lse_hs] = wsum > 0.f ? (mx + log2f(wsum)) * kLn2 : -INFINITY;
+    }
+}
+
 // Merge the pieces of split requests. CTA (k, m): the k-th split request of the plan's
 // list, query row m. Its warps take every kCombineWarps-th piece (lane owns 16 of the 512
 // dims), then add their partial sums in warp order: the result does not depend on timing.
+// When the schedule expects few pieces per request (combine_rows = 8), CTA (k, g) instead
+// merges rows 8g..8g+7, a warp per row over all pieces (8x fewer CTAs; ncu showed the
+// kernel's cost growing with its CTA count).
 constexpr int kCombineWarps = 8;
 
 template <typename T, bool kSparse>
-__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const DecodeArgs a) {
+__global__ void __launch_bounds__(kCombineWarps * 32, 1) combine_kernel(const DecodeArgs a) {
     grid_dependency_wait();
     __shared__ float red_max[kCombineWarps];
     __shared__ float red_w[kCombineWarps];
     __shared__ float4 red_o[kCombineWarps][kLatentDim / 4];
     const PlanView pv(a.plan, a.batch, a.num_parts);
     const int k = blockIdx.x;
-    const int m = blockIdx.y;
+    const int m = blockIdx.y;  // row (combine_rows == 1) or group of combine_rows rows
     const int count = pv.header[4];
     const int4 e = reinterpret_cast<const int4*>(pv.splits)[k];  // loaded alongside count
     if (k >= count) return;
     const int r = e.x, first = e.y, last = e.z, first_tail = e.w;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     auto slot_of = [&](int q) { return 2 * q + (q == first ? first_tail : 0); };
+    if (a.combine_rows > 1) {  // few pieces per request: warp w merges row m + w alone
+        const int mw = m * a.combine_rows + warp;
+        if (warp < a.combine_rows && mw < a.m_rows) merge_row_warp<T, kSparse>(a, r, first, last, first_tail, mw);
+        return;
+    }
 
     // Pass 1: the max lse over the pieces (threads in parallel, one round trip).
     float mx = -INFINITY;
