@@ -17,13 +17,13 @@ use crate::validate;
 /// `-1` is skipped, a slot outside the cache is skipped and recorded in `error_flag`.
 pub fn append_kv<T: Element>(
     stream: &CudaStream,
-    kv: CudaView<T>,
+    kv: &CudaView<T>,
     kv_token_stride: usize,
     slot_mapping: &CudaView<i64>,
     kv_cache: &mut KvCacheMut<T>,
     error_flag: Option<&ErrorFlag>,
 ) -> Result<()> {
-    let (kv_ptr, kv_buf, _g_kv) = bind(&kv, stream);
+    let (kv_ptr, kv_buf, _g_kv) = bind(kv, stream);
     let (slots, slots_buf, _g_slots) = bind(slot_mapping, stream);
     let (cache_ptr, cache, _g_cache) = kv_cache.bind(stream);
     let (flag, flag_buf, _g_flag) = bind_flag(error_flag, stream);

@@ -323,7 +323,7 @@ fn gpu_append_and_gather() {
         let mut kc = KvCacheMut::contiguous(cache.as_view_mut(), 16);
         append_kv(
             &stream,
-            kv.as_view(),
+            &kv.as_view(),
             640,
             &slots.as_view(),
             &mut kc,
@@ -351,7 +351,7 @@ fn gpu_append_and_gather() {
         let mut kc = KvCacheMut::contiguous(cache.as_view_mut(), 16);
         append_kv(
             &stream,
-            kv.slice(..HEAD_DIM),
+            &kv.slice(..HEAD_DIM),
             HEAD_DIM,
             &bad.as_view(),
             &mut kc,

@@ -775,7 +775,7 @@ fn check_append<T: Half>(
         };
         append_kv(
             stream,
-            kv_dev.as_view(),
+            &kv_dev.as_view(),
             stride,
             &slots_dev.as_view(),
             &mut cache,
