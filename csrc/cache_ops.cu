@@ -88,6 +88,8 @@ extern "C" mla_status_t mla_gather_slots(const int32_t* positions, int32_t posit
     if (num_tokens == 0) return MLA_STATUS_OK;
     MLA_REQUIRE(positions && req_id && block_table && seq_lens && out_slots);
     MLA_REQUIRE(static_cast<int64_t>(num_blocks) * block_size <= 0x7fffffffLL);
+    MLA_REQUIRE(static_cast<int64_t>(max_blocks_per_seq) * block_size <= 0x7fffffffLL);
+    MLA_REQUIRE(num_tokens <= 65535);  // one grid row per token
     const dim3 grid((topk + 255) / 256, num_tokens);
     gather_kernel<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(
         positions, positions_stride, topk, req_id, block_table, block_table_stride, max_blocks_per_seq, seq_lens,

@@ -68,6 +68,7 @@ bool common_ok(const mla_schedule_t* s, const void* qn, const void* qr, int64_t 
         !stride16(out_hs))
         return false;
     if (!(scale > 0.f) || !isfinite(scale)) return false;
+    if (!aligned16(plan) || !aligned16(ws)) return false;  // read as int4 / float4
     return true;
 }
 
@@ -84,7 +85,9 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int3
                                           int32_t max_len, int32_t sm120_occupancy) {
     MLA_REQUIRE(s != nullptr);
     MLA_REQUIRE(batch >= 1 && q_len >= 1 && q_len <= MLA_MAX_Q_LEN && num_heads >= 1 && num_heads <= MLA_MAX_HEADS);
-    MLA_REQUIRE(max_len >= 1);
+    MLA_REQUIRE(max_len >= 1 && max_len <= 0x7fffffff - 31);
+    // the plan counts 32-row tiles in int32
+    MLA_REQUIRE(static_cast<int64_t>(batch) * ((static_cast<int64_t>(max_len) + 31) / 32) <= 0x7fffffffLL);
     int dev = 0;
     MLA_CUDA_TRY(cudaGetDevice(&dev));
     int sm_count = 0, smem_per_sm = 0, optin = 0, major = 0;
@@ -147,7 +150,7 @@ extern "C" mla_status_t mla_dense_decode(const mla_schedule_t* s, const mla_dens
                           p->workspace, p->softmax_scale));
     MLA_REQUIRE(p->block_table != nullptr && p->max_blocks_per_seq >= 1 &&
                 p->block_table_stride >= p->max_blocks_per_seq);
-    MLA_REQUIRE(s->max_len == p->max_blocks_per_seq * p->block_size);
+    MLA_REQUIRE(static_cast<int64_t>(s->max_len) == static_cast<int64_t>(p->max_blocks_per_seq) * p->block_size);
     DecodeArgs a{};
     a.q_nope = static_cast<const uint8_t*>(p->q_nope);
     a.q_rope = static_cast<const uint8_t*>(p->q_rope);

@@ -59,7 +59,8 @@ typedef enum {
  * fault wins by atomicCAS on word 0. Reset it with a 16-byte memset to zero. */
 typedef enum {
     MLA_FAULT_NONE = 0,
-    MLA_FAULT_BAD_BLOCK_ID = 1,     /* block-table entry outside [0, num_blocks): row = request, value = entry */
+    MLA_FAULT_BAD_BLOCK_ID = 1,     /* block-table entry outside [0, num_blocks): row = request (decode) or
+                                       token (gather), value = entry */
     MLA_FAULT_NEGATIVE_SEQ_LEN = 2, /* seq_len < 0, treated as 0: row = request, value = seq_len */
     MLA_FAULT_SEQ_LEN_TOO_LARGE = 3,/* seq_len > max_blocks_per_seq*block_size, clamped: row = request */
     MLA_FAULT_BAD_SLOT_ID = 4,      /* sparse id (not -1) outside [0, num_blocks*block_size): row = token */
@@ -86,7 +87,8 @@ typedef struct {
                                bit 2 the decode kernel trigger their successor early */
 } mla_schedule_t;
 
-/* Fill *s for a problem shape on the current device. */
+/* Fill *s for a problem shape on the current device. max_len <= INT32_MAX - 31 and
+ * batch * ceil(max_len / 32) <= INT32_MAX (the plan counts 32-row tiles in int32). */
 mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int32_t q_len, int32_t num_heads,
                                int32_t max_len, int32_t sm120_occupancy);
 
@@ -171,7 +173,8 @@ mla_status_t mla_append_kv(const void* kv, int64_t kv_token_stride, int32_t num_
 /* out_slots[t, k] = global slot id of request-logical position positions[t, k] of
  * request req_id[t]: block_table[req][pos / block_size]*block_size + pos % block_size,
  * or -1 where pos < 0, pos >= clamp(seq_lens[req]), the block id is out of range or
- * req_id is out of [0, batch). Strides in elements, rows of topk entries. */
+ * req_id is out of [0, batch). Strides in elements, rows of topk entries. At most 65,535
+ * tokens per call; max_blocks_per_seq*block_size and num_blocks*block_size must fit int32. */
 mla_status_t mla_gather_slots(const int32_t* positions, int32_t positions_stride, int32_t num_tokens,
                               int32_t topk, const int32_t* req_id, const int32_t* block_table,
                               int32_t block_table_stride, int32_t max_blocks_per_seq, const int32_t* seq_lens,

@@ -147,6 +147,10 @@ extern "C" size_t mla_workspace_bytes(const mla_schedule_t* s) {
 extern "C" mla_status_t mla_plan(const mla_schedule_t* s, const int32_t* lens, int32_t check_lens, int32_t* plan,
                                  uint32_t* error_flag, void* stream) {
     MLA_REQUIRE(s != nullptr && plan != nullptr && s->batch >= 1 && s->num_parts >= 1);
+    MLA_REQUIRE((reinterpret_cast<uintptr_t>(plan) & 15) == 0);
+    int dev = -1;
+    MLA_CUDA_TRY(cudaGetDevice(&dev));
+    MLA_REQUIRE(dev == s->device);
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(1);
     cfg.blockDim = dim3(1024);

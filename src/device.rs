@@ -64,7 +64,8 @@ impl DeviceInfo {
 /// What a kernel found wrong in a value the host could not check (word 0 of the flag).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FaultCode {
-    /// A block-table entry outside `[0, num_blocks)`; row = request, value = entry.
+    /// A block-table entry outside `[0, num_blocks)`; row = request (decode) or token (gather),
+    /// value = entry.
     BadBlockId,
     /// A negative seq_len, treated as 0; row = request, value = seq_len.
     NegativeSeqLen,

@@ -238,20 +238,35 @@ pub fn dense_shape(s: &DenseShape) -> Result<()> {
     in_range("q_len", s.q_len, 1, MAX_Q_LEN)?;
     in_range("num_heads", s.num_heads, 1, MAX_HEADS)?;
     block_size(s.block_size)?;
+    // the plan counts 32-row tiles in int32: max_len + 31 and the batch's tiles must fit
     in_range(
         "max_blocks_per_seq",
         s.max_blocks_per_seq,
         1,
-        I32_MAX / s.block_size,
+        (I32_MAX - 31) / s.block_size,
     )?;
-    in_range("batch", s.batch * s.q_len, 1, I32_MAX)
+    in_range("batch", s.batch * s.q_len, 1, I32_MAX)?;
+    tiles_fit("batch", s.batch, s.max_blocks_per_seq * s.block_size)
+}
+
+/// The plan's total of 32-row tiles, `rows · ceil(len / 32)`, must fit an int32.
+fn tiles_fit(arg: &'static str, rows: usize, len: usize) -> Result<()> {
+    let tiles = rows.saturating_mul(len.div_ceil(32));
+    if tiles > I32_MAX {
+        return Err(bad(
+            arg,
+            format!("{rows} rows of up to {len} cache rows: {tiles} tiles of 32 rows, want <= {I32_MAX}"),
+        ));
+    }
+    Ok(())
 }
 
 /// Checks the shape a sparse plan is made for.
 pub fn sparse_shape(s: &SparseShape) -> Result<()> {
     in_range("num_tokens", s.num_tokens, 1, I32_MAX)?;
     in_range("num_heads", s.num_heads, 1, MAX_HEADS)?;
-    in_range("topk", s.topk, 1, MAX_TOPK)
+    in_range("topk", s.topk, 1, MAX_TOPK)?;
+    tiles_fit("num_tokens", s.num_tokens, s.topk)
 }
 
 fn on_device(arg: &'static str, buf: &Buf, device: usize) -> Result<()> {
@@ -709,15 +724,34 @@ pub fn append(c: &AppendCall) -> Result<()> {
     flag(c.error_flag.as_ref(), c.device)
 }
 
+/// Most query tokens one gather call takes (the kernel puts tokens on the grid's y axis).
+pub const MAX_GATHER_TOKENS: usize = 65_535;
+
 /// Checks an index gather.
 pub fn gather(c: &GatherCall) -> Result<()> {
     in_range("topk", c.topk, 1, MAX_TOPK)?;
     on_device("req_id", &c.req_id, c.device)?;
     let n = c.req_id.bytes / 4;
-    if n == 0 || n > I32_MAX {
-        return Err(bad("req_id", format!("{n} tokens, want 1..={I32_MAX}")));
+    if n == 0 || n > MAX_GATHER_TOKENS {
+        return Err(bad(
+            "req_id",
+            format!("{n} tokens, want 1..={MAX_GATHER_TOKENS} (one grid row per token)"),
+        ));
     }
     table(&c.block_table, c.device)?;
+    if c.block_table
+        .max_blocks_per_seq
+        .saturating_mul(c.block_size)
+        > I32_MAX
+    {
+        return Err(bad(
+            "block_table",
+            format!(
+                "max_blocks_per_seq {} x block_size {} exceeds {I32_MAX} positions",
+                c.block_table.max_blocks_per_seq, c.block_size
+            ),
+        ));
+    }
     on_device("seq_lens", &c.seq_lens, c.device)?;
     holds(
         "seq_lens",

@@ -782,3 +782,54 @@ fn formats_and_dims() {
     assert_eq!(HEAD_DIM, LATENT_DIM + ROPE_DIM);
     assert_eq!(DType::F16.kv_format(), KvFormat::F16);
 }
+
+/// The plan counts 32-row tiles in int32, and the gather puts tokens on a 65,535-row grid
+/// axis: shapes beyond either are refused on the host, naming the argument.
+#[test]
+fn int32_tile_and_grid_limits() {
+    let s = dense_shape();
+    // one request may not exceed i32::MAX - 31 positions
+    expect(
+        validate::dense_shape(&DenseShape {
+            block_size: 16,
+            max_blocks_per_seq: (i32::MAX as usize) / 16,
+            ..s
+        }),
+        "max_blocks_per_seq",
+        "",
+    );
+    // the whole batch's tiles must fit an int32
+    expect(
+        validate::dense_shape(&DenseShape {
+            batch: 1 << 20,
+            block_size: 128,
+            max_blocks_per_seq: 1 << 10, // 2^20 requests x 4096 tiles = 2^32
+            ..s
+        }),
+        "batch",
+        "tiles",
+    );
+    assert_eq!(
+        validate::dense_shape(&DenseShape {
+            batch: 1024,
+            block_size: 128,
+            max_blocks_per_seq: 2048,
+            ..s
+        }),
+        Ok(())
+    );
+    let t = sparse_shape();
+    expect(
+        validate::sparse_shape(&SparseShape {
+            num_tokens: 1 << 25,
+            topk: 4096,
+            ..t
+        }),
+        "num_tokens",
+        "tiles",
+    );
+
+    let mut c = gather();
+    c.req_id.bytes = 4 * (validate::MAX_GATHER_TOKENS + 1);
+    expect(validate::gather(&c), "req_id", "65535");
+}
