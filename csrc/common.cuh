@@ -27,16 +27,12 @@ template <> struct Elem<__half> {
         __half2 h = __floats2half2_rn(a, b);
         return *reinterpret_cast<uint32_t*>(&h);
     }
-    static __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-    static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
 };
 template <> struct Elem<__nv_bfloat16> {
     static __device__ __forceinline__ uint32_t pack(float a, float b) {
         __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
         return *reinterpret_cast<uint32_t*>(&h);
     }
-    static __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-    static __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
 };
 
 // D = A*B + D, m16n8k16, fp32 accumulate.

@@ -34,11 +34,10 @@ cudaError_t launch_pdl(void (*kernel)(DecodeArgs), dim3 grid, int threads, int s
 int combine_rows(const mla_schedule_t* s) { return s->num_parts <= 16 * s->batch ? kCombineWarps : 1; }
 
 template <bool kSparse>
-mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dtype, int batch, void* stream) {
+mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dtype, void* stream) {
     int dev = -1;
     MLA_CUDA_TRY(cudaGetDevice(&dev));
     if (dev != s->device) return MLA_STATUS_INVALID_ARGUMENT;
-    (void)batch;
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     const dim3 grid(s->num_m_tiles, s->num_parts);
     const dim3 cgrid(plan_max_splits(s->batch, s->num_parts), (a.m_rows + a.combine_rows - 1) / a.combine_rows);
@@ -54,21 +53,53 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
     return MLA_STATUS_OK;
 }
 
-bool common_ok(const mla_schedule_t* s, const void* qn, const void* qr, int64_t qn_ts, int64_t qn_hs, int64_t qr_ts,
-               int64_t qr_hs, const void* cache, int64_t block_stride, int32_t num_blocks, int32_t block_size,
-               const void* out, int64_t out_ts, int64_t out_hs, const int32_t* plan, const float* ws, float scale) {
-    if (s == nullptr || qn == nullptr || qr == nullptr || cache == nullptr || out == nullptr || plan == nullptr ||
-        ws == nullptr)
+// Checks and fills the fields mla_dense_params_t and mla_sparse_params_t share (same names
+// in both); returns false when an argument is invalid.
+template <typename P>
+bool common_args(const mla_schedule_t* s, const P* p, DecodeArgs& a) {
+    if (s == nullptr || p == nullptr || p->q_nope == nullptr || p->q_rope == nullptr || p->kv_cache == nullptr ||
+        p->out == nullptr || p->plan == nullptr || p->workspace == nullptr)
         return false;
-    if (!(block_size == 16 || block_size == 32 || block_size == 64 || block_size == 128)) return false;
-    if (num_blocks < 1 || block_stride < static_cast<int64_t>(block_size) * kRowBytes || block_stride % 16 != 0)
+    const int32_t bs = p->block_size;
+    if (!(bs == 16 || bs == 32 || bs == 64 || bs == 128)) return false;
+    if (p->num_blocks < 1 || p->block_stride_bytes < static_cast<int64_t>(bs) * kRowBytes ||
+        p->block_stride_bytes % 16 != 0)
         return false;
-    if (!aligned16(qn) || !aligned16(qr) || !aligned16(cache) || !aligned16(out)) return false;
-    if (!stride16(qn_ts) || !stride16(qn_hs) || !stride16(qr_ts) || !stride16(qr_hs) || !stride16(out_ts) ||
-        !stride16(out_hs))
+    if (!aligned16(p->q_nope) || !aligned16(p->q_rope) || !aligned16(p->kv_cache) || !aligned16(p->out)) return false;
+    if (!stride16(p->q_nope_token_stride) || !stride16(p->q_nope_head_stride) || !stride16(p->q_rope_token_stride) ||
+        !stride16(p->q_rope_head_stride) || !stride16(p->out_token_stride) || !stride16(p->out_head_stride))
         return false;
-    if (!(scale > 0.f) || !isfinite(scale)) return false;
-    if (!aligned16(plan) || !aligned16(ws)) return false;  // read as int4 / float4
+    if (!(p->softmax_scale > 0.f) || !isfinite(p->softmax_scale)) return false;
+    if (!aligned16(p->plan) || !aligned16(p->workspace)) return false;  // read as int4 / float4
+    a = DecodeArgs{};
+    a.q_nope = static_cast<const uint8_t*>(p->q_nope);
+    a.q_rope = static_cast<const uint8_t*>(p->q_rope);
+    a.qn_ts = p->q_nope_token_stride;
+    a.qn_hs = p->q_nope_head_stride;
+    a.qr_ts = p->q_rope_token_stride;
+    a.qr_hs = p->q_rope_head_stride;
+    a.cache = static_cast<const uint8_t*>(p->kv_cache);
+    a.block_stride = p->block_stride_bytes;
+    a.num_blocks = p->num_blocks;
+    a.block_size = bs;
+    a.block_shift = __builtin_ctz(static_cast<unsigned>(bs));
+    a.batch = s->batch;
+    a.num_parts = s->num_parts;
+    a.q_len = s->q_len;
+    a.num_heads = s->num_heads;
+    a.m_rows = s->q_len * s->num_heads;
+    a.out = static_cast<uint8_t*>(p->out);
+    a.out_ts = p->out_token_stride;
+    a.out_hs = p->out_head_stride;
+    a.lse = p->lse;
+    a.lse_ts = p->lse_token_stride;
+    a.lse_hs = p->lse_head_stride;
+    a.scale_log2 = p->softmax_scale * kLog2e;
+    a.plan = p->plan;
+    a.ws_o = p->workspace;
+    a.ws_lse = p->workspace + 2 * static_cast<size_t>(s->num_parts) * a.m_rows * kLatentDim;
+    a.flag = p->error_flag;
+    a.pdl = s->pdl >> 1;
     return true;
 }
 
@@ -143,90 +174,26 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int3
 }
 
 extern "C" mla_status_t mla_dense_decode(const mla_schedule_t* s, const mla_dense_params_t* p, void* stream) {
-    MLA_REQUIRE(s != nullptr && p != nullptr);
-    MLA_REQUIRE(common_ok(s, p->q_nope, p->q_rope, p->q_nope_token_stride, p->q_nope_head_stride,
-                          p->q_rope_token_stride, p->q_rope_head_stride, p->kv_cache, p->block_stride_bytes,
-                          p->num_blocks, p->block_size, p->out, p->out_token_stride, p->out_head_stride, p->plan,
-                          p->workspace, p->softmax_scale));
+    DecodeArgs a;
+    MLA_REQUIRE(common_args(s, p, a));
     MLA_REQUIRE(p->block_table != nullptr && p->max_blocks_per_seq >= 1 &&
                 p->block_table_stride >= p->max_blocks_per_seq);
     MLA_REQUIRE(static_cast<int64_t>(s->max_len) == static_cast<int64_t>(p->max_blocks_per_seq) * p->block_size);
-    DecodeArgs a{};
-    a.q_nope = static_cast<const uint8_t*>(p->q_nope);
-    a.q_rope = static_cast<const uint8_t*>(p->q_rope);
-    a.qn_ts = p->q_nope_token_stride;
-    a.qn_hs = p->q_nope_head_stride;
-    a.qr_ts = p->q_rope_token_stride;
-    a.qr_hs = p->q_rope_head_stride;
-    a.cache = static_cast<const uint8_t*>(p->kv_cache);
-    a.block_stride = p->block_stride_bytes;
-    a.num_blocks = p->num_blocks;
-    a.block_size = p->block_size;
-    a.block_shift = __builtin_ctz(static_cast<unsigned>(p->block_size));
     a.table = p->block_table;
     a.table_stride = p->block_table_stride;
     a.table_cols = p->max_blocks_per_seq;
-    a.batch = s->batch;
-    a.num_parts = s->num_parts;
-    a.q_len = s->q_len;
-    a.num_heads = s->num_heads;
-    a.m_rows = s->q_len * s->num_heads;
-    a.out = static_cast<uint8_t*>(p->out);
-    a.out_ts = p->out_token_stride;
-    a.out_hs = p->out_head_stride;
-    a.lse = p->lse;
-    a.lse_ts = p->lse_token_stride;
-    a.lse_hs = p->lse_head_stride;
-    a.scale_log2 = p->softmax_scale * kLog2e;
-    a.plan = p->plan;
-    a.ws_o = p->workspace;
-    a.ws_lse = p->workspace + 2 * static_cast<size_t>(s->num_parts) * a.m_rows * kLatentDim;
-    a.flag = p->error_flag;
-    a.pdl = s->pdl >> 1;
     a.combine_rows = combine_rows(s);
-    return launch<false>(s, a, p->dtype, s->batch, stream);
+    return launch<false>(s, a, p->dtype, stream);
 }
 
 extern "C" mla_status_t mla_sparse_decode(const mla_schedule_t* s, const mla_sparse_params_t* p, void* stream) {
-    MLA_REQUIRE(s != nullptr && p != nullptr);
-    MLA_REQUIRE(common_ok(s, p->q_nope, p->q_rope, p->q_nope_token_stride, p->q_nope_head_stride,
-                          p->q_rope_token_stride, p->q_rope_head_stride, p->kv_cache, p->block_stride_bytes,
-                          p->num_blocks, p->block_size, p->out, p->out_token_stride, p->out_head_stride, p->plan,
-                          p->workspace, p->softmax_scale));
+    DecodeArgs a;
+    MLA_REQUIRE(common_args(s, p, a));
     MLA_REQUIRE(p->indices != nullptr && p->topk >= 1 && p->topk <= MLA_MAX_TOPK && p->indices_stride >= p->topk);
     MLA_REQUIRE(s->q_len == 1 && s->max_len == p->topk);
-    DecodeArgs a{};
-    a.q_nope = static_cast<const uint8_t*>(p->q_nope);
-    a.q_rope = static_cast<const uint8_t*>(p->q_rope);
-    a.qn_ts = p->q_nope_token_stride;
-    a.qn_hs = p->q_nope_head_stride;
-    a.qr_ts = p->q_rope_token_stride;
-    a.qr_hs = p->q_rope_head_stride;
-    a.cache = static_cast<const uint8_t*>(p->kv_cache);
-    a.block_stride = p->block_stride_bytes;
-    a.num_blocks = p->num_blocks;
-    a.block_size = p->block_size;
-    a.block_shift = __builtin_ctz(static_cast<unsigned>(p->block_size));
     a.table = p->indices;
     a.table_stride = p->indices_stride;
     a.table_cols = p->topk;
-    a.batch = s->batch;
-    a.num_parts = s->num_parts;
-    a.q_len = 1;
-    a.num_heads = s->num_heads;
-    a.m_rows = s->num_heads;
-    a.out = static_cast<uint8_t*>(p->out);
-    a.out_ts = p->out_token_stride;
-    a.out_hs = p->out_head_stride;
-    a.lse = p->lse;
-    a.lse_ts = p->lse_token_stride;
-    a.lse_hs = p->lse_head_stride;
-    a.scale_log2 = p->softmax_scale * kLog2e;
-    a.plan = p->plan;
-    a.ws_o = p->workspace;
-    a.ws_lse = p->workspace + 2 * static_cast<size_t>(s->num_parts) * a.m_rows * kLatentDim;
-    a.flag = p->error_flag;
-    a.pdl = s->pdl >> 1;
     a.combine_rows = combine_rows(s);
-    return launch<true>(s, a, p->dtype, s->batch, stream);
+    return launch<true>(s, a, p->dtype, stream);
 }

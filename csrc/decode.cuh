@@ -483,6 +483,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
     cp_async_wait<0>();
 }
 
+// Writes merged row m of request r: lane's 16 dims of acc / wsum, and lse (lane 0).
+template <typename T, bool kSparse>
+__device__ __forceinline__ void store_merged_row(const DecodeArgs& a, int r, int m, const float (&acc)[16],
+                                                 float mx, float wsum) {
+    const int lane = threadIdx.x & 31;
+    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+    int token, head;
+    row_token_head<kSparse>(a, r, m, token, head);
+    T* dst = reinterpret_cast<T*>(a.out) + token * a.out_ts + head * a.out_hs + lane * 16;
+    uint4 packed[2];
+    uint32_t* pw = reinterpret_cast<uint32_t*>(packed);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) pw[i] = Elem<T>::pack(acc[2 * i] * inv, acc[2 * i + 1] * inv);
+    reinterpret_cast<uint4*>(dst)[0] = packed[0];
+    reinterpret_cast<uint4*>(dst)[1] = packed[1];
+    if (lane == 0 && a.lse != nullptr) {
+        a.lse[token * a.lse_ts + head * a.lse_hs] = wsum > 0.f ? (mx + log2f(wsum)) * kLn2 : -INFINITY;
+    }
+}
+
 // One warp merges query row m of split request r (pieces `first..last`) in piece order.
 template <typename T, bool kSparse>
 __device__ __forceinline__ void merge_row_warp(const DecodeArgs& a, int r, int first, int last, int first_tail, int m) {
@@ -513,19 +533,7 @@ __device__ __forceinline__ void merge_row_warp(const DecodeArgs& a, int r, int f
             }
         }
     }
-    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-    int token, head;
-    row_token_head<kSparse>(a, r, m, token, head);
-    T* dst = reinterpret_cast<T*>(a.out) + token * a.out_ts + head * a.out_hs + lane * 16;
-    uint4 packed[2];
-    uint32_t* pw = reinterpret_cast<uint32_t*>(packed);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) pw[i] = Elem<T>::pack(acc[2 * i] * inv, acc[2 * i + 1] * inv);
-    reinterpret_cast<uint4*>(dst)[0] = packed[0];
-    reinterpret_cast<uint4*>(dst)[1] = packed[1];
-    if (lane == 0 && a.lse != nullptr) {
-        a.lse[token * a.lse_ts + head * a.lse_hs] = wsum > 0.f ? (mx + log2f(wsum)) * kLn2 : -INFINITY;
-    }
+    store_merged_row<T, kSparse>(a, r, m, acc, mx, wsum);
 }
 
 // Merge the pieces of split requests. CTA (k, m): the k-th split request of the plan's
@@ -601,8 +609,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32, 1) combine_kernel(const De
     float wt = 0.f;
 #pragma unroll
     for (int w = 0; w < kCombineWarps; ++w) wt += red_w[w];
-    const float inv = wt > 0.f ? 1.f / wt : 0.f;
-    float out[16];
+    float sum[16];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         float4 t = red_o[0][lane * 4 + i];
@@ -614,23 +621,12 @@ __global__ void __launch_bounds__(kCombineWarps * 32, 1) combine_kernel(const De
             t.z += u.z;
             t.w += u.w;
         }
-        out[4 * i + 0] = t.x * inv;
-        out[4 * i + 1] = t.y * inv;
-        out[4 * i + 2] = t.z * inv;
-        out[4 * i + 3] = t.w * inv;
+        sum[4 * i + 0] = t.x;
+        sum[4 * i + 1] = t.y;
+        sum[4 * i + 2] = t.z;
+        sum[4 * i + 3] = t.w;
     }
-    int token, head;
-    row_token_head<kSparse>(a, r, m, token, head);
-    T* dst = reinterpret_cast<T*>(a.out) + token * a.out_ts + head * a.out_hs + lane * 16;
-    uint4 packed[2];
-    uint32_t* pw = reinterpret_cast<uint32_t*>(packed);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) pw[i] = Elem<T>::pack(out[2 * i], out[2 * i + 1]);
-    reinterpret_cast<uint4*>(dst)[0] = packed[0];
-    reinterpret_cast<uint4*>(dst)[1] = packed[1];
-    if (lane == 0 && a.lse != nullptr) {
-        a.lse[token * a.lse_ts + head * a.lse_hs] = wt > 0.f ? (mx + log2f(wt)) * kLn2 : -INFINITY;
-    }
+    store_merged_row<T, kSparse>(a, r, m, sum, mx, wt);
 }
 
 }  // namespace mla
