@@ -2,13 +2,15 @@
 //!
 //! ```text
 //! cargo bench --bench decode -- [--json PATH] [--filter SUBSTR] [--case SPEC]... [--check]
-//!     [--sm120-occupancy on|off|both] [--iters N] [--no-graph] [--list]
+//!     [--sm120-occupancy on|off|both] [--iters N] [--no-graph] [--flush rotate|memset]
+//!     [--list]
 //! ```
 //! Measures the device's copy bandwidth, then every case (DESIGN.md, "Performance model and
-//! how it is measured"): the median of `--iters` CUDA-event timings after warm-up, L2
-//! flushed before each run, random inputs; a dense step is plan + decode + combine, a
-//! sparse step plan + decode, the gather has its own row; small cases also report
-//! CUDA-graph replay. See `USAGE` for the details.
+//! how it is measured"): the median of `--iters` CUDA-event timings after warm-up, inputs
+//! out of L2 (the KV cache rotated over copies spanning ≥ 4× L2, or a memset flush before
+//! each run: `common::gpu::FlushMode`), random inputs; a dense step is plan + decode +
+//! combine, a sparse step plan + decode, the gather has its own row; small cases also
+//! report CUDA-graph replay. See `USAGE` for the details.
 
 mod common;
 
@@ -16,6 +18,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
+use common::gpu::{FlushMode, ROTATE_L2_FACTOR, ROTATE_MAX_BYTES};
 use common::report::{self, row_name, Row, Table};
 use common::spec::{self, CaseSpec};
 use common::{flag_value, parse_count, Gpu, MeasureOpts, Res, BENCH_SEED};
@@ -41,17 +44,26 @@ usage: cargo bench --bench decode -- [OPTIONS]
                               when relerr > 1e-2 (bf16) / 2e-3 (f16) or lse_err > 1e-3
   --iters N                   timed runs per row (default 100), after 5 warm-up runs
   --no-graph                  skip the CUDA-graph replay timing
+  --flush rotate|memset       how the runs keep the inputs out of L2 (default rotate):
+                                rotate: each case holds R identical copies of its KV
+                                  cache (the sparse slot pool) and run i reads copy
+                                  i mod R, R = ceil(4 x L2 / bytes of the cache rows one
+                                  step reads), no flush; a case whose R copies would pass
+                                  8 GiB, and the gather (no cache), get the memset
+                                memset: a memset of max(2 x L2, 256 MiB) before each run,
+                                  outside the events (Triton's do_bench; it leaves L2
+                                  dirty, which costs large cases a few µs of write-back)
   --json PATH                 also write the results as JSON
   --list                      print the rows that would run, and exit
   --bench                     (passed by cargo; ignored)
 
-Times are medians of CUDA-event timings with L2 flushed before each run (a memset of
-max(2 x L2, 256 MiB), outside the events). GB/s counts cache rows read x 1152 B + q + out
-(+ indices x 4 for sparse); % copy compares it with a 1 GiB device-to-device copy;
-TFLOP/s counts 2 x (576 + 512) per (query row, head, cache row). A step is plan update +
-decode + combine; the layer column times decode + combine alone, what every further layer of
-the same decode step costs (the plan is shared by the layers). Cases under 64 MB also
-report the replay time of the step captured in a CUDA graph.";
+Times are medians of CUDA-event timings, inputs kept out of L2 as --flush says (the JSON
+names the mode in \"l2\", and each row's own \"l2\" and \"copies\"). GB/s counts cache
+rows read x 1152 B + q + out (+ indices x 4 for sparse); % copy compares it with a 1 GiB
+device-to-device copy; TFLOP/s counts 2 x (576 + 512) per (query row, head, cache row).
+A step is plan update + decode + combine; the layer column times decode + combine alone,
+what every further layer of the same decode step costs (the plan is shared by the layers).
+Cases under 64 MB also report the replay time of the step captured in a CUDA graph.";
 
 const WARMUP: usize = 5;
 
@@ -65,6 +77,7 @@ struct Args {
     occupancy: Vec<bool>,
     iters: usize,
     graph: bool,
+    flush: FlushMode,
     list: bool,
 }
 
@@ -78,6 +91,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, Stri
         occupancy: vec![false, true],
         iters: 100,
         graph: true,
+        flush: FlushMode::default(),
         list: false,
     };
     while let Some(arg) = it.next() {
@@ -93,6 +107,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, Stri
             "--no-graph" => args.graph = false,
             "--list" => args.list = true,
             "--iters" => args.iters = parse_count(&flag_value(&mut it, &arg)?, &arg)?,
+            "--flush" => args.flush = FlushMode::parse(&flag_value(&mut it, &arg)?)?,
             "--sm120-occupancy" => {
                 args.occupancy = match flag_value(&mut it, &arg)?.as_str() {
                     "on" => vec![true],
@@ -188,6 +203,7 @@ fn run(args: &Args) -> Res<bool> {
             return Ok(true);
         }
     };
+    gpu.flush_mode = args.flush;
     let started = Instant::now();
     let copy_gbps = gpu.copy_bandwidth_gbps()?;
     let device_line = format!(
@@ -196,9 +212,9 @@ fn run(args: &Args) -> Res<bool> {
     );
     println!("{device_line}");
     println!(
-        "median of {} runs after {WARMUP} warm-up runs; L2 flushed ({} MiB memset) before each",
+        "median of {} runs after {WARMUP} warm-up runs; {}",
         args.iters,
-        gpu.flush_bytes() >> 20
+        cold_l2_line(&gpu)
     );
     let table = Table::new(names, args.check);
     println!("{}", table.header());
@@ -217,7 +233,7 @@ fn run(args: &Args) -> Res<bool> {
         }
     }
     if let Some(path) = &args.json {
-        report::write_json(path, &gpu.info, copy_gbps, &rows)?;
+        report::write_json(path, &gpu.info, copy_gbps, args.flush, &rows)?;
     }
     print_summary(&device_line, &table, &rows, &failures, args, started);
     Ok(failures.is_empty() && rows.iter().all(Row::passed))
@@ -255,9 +271,34 @@ fn run_case(
         if let Some(e) = timing.graph_error {
             println!("  (no graph time: {e})");
         }
+        if gpu.flush_mode == FlushMode::Rotate && row.meta.kind != "gather" {
+            match row.meta.copies {
+                Some(1) => {}
+                Some(r) => println!("  (KV cache rotated over {r} copies)"),
+                None => println!(
+                    "  (memset flush instead: the copies would pass {} GiB)",
+                    ROTATE_MAX_BYTES >> 30
+                ),
+            }
+        }
         rows.push(row);
     }
     Ok(())
+}
+
+/// How the runs keep the inputs out of L2, for the header.
+fn cold_l2_line(gpu: &Gpu) -> String {
+    let memset = format!("{} MiB memset", gpu.flush_bytes() >> 20);
+    match gpu.flush_mode {
+        FlushMode::Memset => format!("L2 flushed ({memset}) before each"),
+        FlushMode::Rotate => format!(
+            "cold L2: KV cache rotated over R copies per case (R x cache rows read >= \
+             {ROTATE_L2_FACTOR}x the {} MiB L2); the gather, and cases whose copies would pass \
+             {} GiB: a {memset} before each",
+            gpu.info.l2_cache_bytes >> 20,
+            ROTATE_MAX_BYTES >> 30
+        ),
+    }
 }
 
 fn print_summary(

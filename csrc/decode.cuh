@@ -230,9 +230,13 @@ __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Cursor& c, 
 template <bool kSparse>
 __device__ __forceinline__ void load_q_smem(const DecodeArgs& a, int b, int m_tile, uint8_t* q_s) {
     const uint32_t q_base = smem_u32(q_s);
+    // The thread index read opaquely: the compiler recomputes the 9 addresses here instead
+    // of keeping them live through the main loop (which runs at the register limit).
+    int tid;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
 #pragma unroll
     for (int i = 0; i < Cfg::kBlockM * kRowChunks / Cfg::kThreads; ++i) {  // 9 per thread
-        const int idx = threadIdx.x + Cfg::kThreads * i;
+        const int idx = tid + Cfg::kThreads * i;
         const int r = idx / kRowChunks;
         const int ch = idx - r * kRowChunks;
         const int m = m_tile * Cfg::kBlockM + r;
@@ -503,42 +507,63 @@ __device__ __forceinline__ void store_merged_row(const DecodeArgs& a, int r, int
     }
 }
 
-// One warp merges query row m of split request r (pieces `first..last`) in piece order.
-template <typename T, bool kSparse>
-__device__ __forceinline__ void merge_row_warp(const DecodeArgs& a, int r, int first, int last, int first_tail, int m) {
-    const int lane = threadIdx.x & 31;
-    auto row_of = [&](int q) { return (static_cast<size_t>(2 * q + (q == first ? first_tail : 0))) * a.m_rows + m; };
+// One warp folds pieces first, first+step, ... <= last of query row m into a running
+// (max, weight sum, lane's 16 dims): kFoldBatch pieces at a time with all their loads in
+// flight (one round trip per batch), in piece order, so the result depends only on the
+// data. first_tail: the first piece of the request (piece `req_first`) is in slot 2q+1.
+constexpr int kFoldBatch = 8;
+
+struct RowFold {
     float mx = -INFINITY;
-    for (int q = first + lane; q <= last; q += 32) mx = fmaxf(mx, a.ws_lse[row_of(q)]);
-#pragma unroll
-    for (int d = 16; d >= 1; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
-    float acc[16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) acc[i] = 0.f;
     float wsum = 0.f;
-    if (mx != -INFINITY) {
-#pragma unroll 4
-        for (int q = first; q <= last; ++q) {
-            const size_t row = row_of(q);
-            const float w = exp2f(a.ws_lse[row] - mx);
-            wsum += w;
+    float acc[16] = {};
+};
+
+__device__ __forceinline__ void fold_pieces(const DecodeArgs& a, int req_first, int first_tail, int first, int last,
+                                            int step, int m, RowFold& f) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll 1
+    for (int q0 = first; q0 <= last; q0 += kFoldBatch * step) {
+        float l[kFoldBatch];
+        float4 v[kFoldBatch][4];
+#pragma unroll
+        for (int b = 0; b < kFoldBatch; ++b) {
+            const int q = q0 + b * step;
+            const bool ok = q <= last;
+            const int qq = ok ? q : first;
+            const size_t row = static_cast<size_t>(2 * qq + (qq == req_first ? first_tail : 0)) * a.m_rows + m;
+            l[b] = ok ? a.ws_lse[row] : -INFINITY;
             const float4* src = reinterpret_cast<const float4*>(a.ws_o + row * kLatentDim + lane * 16);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const float4 v = src[i];
-                acc[4 * i + 0] += w * v.x;
-                acc[4 * i + 1] += w * v.y;
-                acc[4 * i + 2] += w * v.z;
-                acc[4 * i + 3] += w * v.w;
+            for (int k = 0; k < 4; ++k) v[b][k] = ok ? src[k] : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        float bm = f.mx;
+#pragma unroll
+        for (int b = 0; b < kFoldBatch; ++b) bm = fmaxf(bm, l[b]);
+        if (bm == -INFINITY) continue;  // only empty pieces so far
+        const float sc = exp2f(f.mx - bm);  // f.mx = -inf: 0
+        f.wsum *= sc;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) f.acc[i] *= sc;
+#pragma unroll
+        for (int b = 0; b < kFoldBatch; ++b) {
+            const float w = exp2f(l[b] - bm);  // empty piece: 0
+            f.wsum += w;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                f.acc[4 * k + 0] += w * v[b][k].x;
+                f.acc[4 * k + 1] += w * v[b][k].y;
+                f.acc[4 * k + 2] += w * v[b][k].z;
+                f.acc[4 * k + 3] += w * v[b][k].w;
             }
         }
+        f.mx = bm;
     }
-    store_merged_row<T, kSparse>(a, r, m, acc, mx, wsum);
 }
 
 // Merge the pieces of split requests. CTA (k, m): the k-th split request of the plan's
-// list, query row m. Its warps take every kCombineWarps-th piece (lane owns 16 of the 512
-// dims), then add their partial sums in warp order: the result does not depend on timing.
+// list, query row m. Its warps fold every kCombineWarps-th piece (lane owns 16 of the 512
+// dims), then warp 0 merges the folds in warp order: the result does not depend on timing.
 // When the schedule expects few pieces per request (combine_rows = 8), CTA (k, g) instead
 // merges rows 8g..8g+7, a warp per row over all pieces (8x fewer CTAs; ncu showed the
 // kernel's cost growing with its CTA count).
@@ -558,73 +583,47 @@ __global__ void __launch_bounds__(kCombineWarps * 32, 1) combine_kernel(const De
     if (k >= count) return;
     const int r = e.x, first = e.y, last = e.z, first_tail = e.w;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    auto slot_of = [&](int q) { return 2 * q + (q == first ? first_tail : 0); };
     if (a.combine_rows > 1) {  // few pieces per request: warp w merges row m + w alone
         const int mw = m * a.combine_rows + warp;
-        if (warp < a.combine_rows && mw < a.m_rows) merge_row_warp<T, kSparse>(a, r, first, last, first_tail, mw);
+        if (warp < a.combine_rows && mw < a.m_rows) {
+            RowFold f;
+            fold_pieces(a, first, first_tail, first, last, 1, mw, f);
+            store_merged_row<T, kSparse>(a, r, mw, f.acc, f.mx, f.wsum);
+        }
         return;
     }
-
-    // Pass 1: the max lse over the pieces (threads in parallel, one round trip).
-    float mx = -INFINITY;
-    for (int q = first + threadIdx.x; q <= last; q += kCombineWarps * 32)
-        mx = fmaxf(mx, a.ws_lse[static_cast<size_t>(slot_of(q)) * a.m_rows + m]);
-#pragma unroll
-    for (int d = 16; d >= 1; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
-    if (lane == 0) red_max[warp] = mx;
-    __syncthreads();
-    mx = red_max[0];
-#pragma unroll
-    for (int w = 1; w < kCombineWarps; ++w) mx = fmaxf(mx, red_max[w]);
-
-    // Pass 2: weighted sum; the loads of different pieces are independent.
-    float acc[16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) acc[i] = 0.f;
-    float wsum = 0.f;
-    if (mx != -INFINITY) {
-#pragma unroll 4
-        for (int q = first + warp; q <= last; q += kCombineWarps) {
-            const size_t row = static_cast<size_t>(slot_of(q)) * a.m_rows + m;
-            const float w = exp2f(a.ws_lse[row] - mx);  // an empty piece: 0
-            wsum += w;
-            const float4* src = reinterpret_cast<const float4*>(a.ws_o + row * kLatentDim + lane * 16);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const float4 v = src[i];
-                acc[4 * i + 0] += w * v.x;
-                acc[4 * i + 1] += w * v.y;
-                acc[4 * i + 2] += w * v.z;
-                acc[4 * i + 3] += w * v.w;
-            }
-        }
-    }
+    // Many pieces: warp w folds pieces first+w, first+w+8, ...; then warp 0 merges the
+    // warps' folds in warp order.
+    RowFold f;
+    fold_pieces(a, first, first_tail, first + warp, last, kCombineWarps, m, f);
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-        red_o[warp][lane * 4 + i] = make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
-    if (lane == 0) red_w[warp] = wsum;
+        red_o[warp][lane * 4 + i] = make_float4(f.acc[4 * i], f.acc[4 * i + 1], f.acc[4 * i + 2], f.acc[4 * i + 3]);
+    if (lane == 0) {
+        red_max[warp] = f.mx;
+        red_w[warp] = f.wsum;
+    }
     __syncthreads();
     if (warp != 0) return;
-    // Add the warps' sums in warp order.
+    float mx = red_max[0];
+#pragma unroll
+    for (int w = 1; w < kCombineWarps; ++w) mx = fmaxf(mx, red_max[w]);
     float wt = 0.f;
+    float sum[16] = {};
+    if (mx != -INFINITY) {
 #pragma unroll
-    for (int w = 0; w < kCombineWarps; ++w) wt += red_w[w];
-    float sum[16];
+        for (int w = 0; w < kCombineWarps; ++w) {
+            const float sc = exp2f(red_max[w] - mx);  // an empty warp: 0
+            wt += red_w[w] * sc;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        float4 t = red_o[0][lane * 4 + i];
-#pragma unroll
-        for (int w = 1; w < kCombineWarps; ++w) {
-            const float4 u = red_o[w][lane * 4 + i];
-            t.x += u.x;
-            t.y += u.y;
-            t.z += u.z;
-            t.w += u.w;
+            for (int i = 0; i < 4; ++i) {
+                const float4 u = red_o[w][lane * 4 + i];
+                sum[4 * i + 0] += sc * u.x;
+                sum[4 * i + 1] += sc * u.y;
+                sum[4 * i + 2] += sc * u.z;
+                sum[4 * i + 3] += sc * u.w;
+            }
         }
-        sum[4 * i + 0] = t.x;
-        sum[4 * i + 1] = t.y;
-        sum[4 * i + 2] = t.z;
-        sum[4 * i + 3] = t.w;
     }
     store_merged_row<T, kSparse>(a, r, m, sum, mx, wt);
 }

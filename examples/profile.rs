@@ -6,7 +6,7 @@
 //!     target/release/examples/profile --case sparse:t=128,h=8,k=2048,dtype=bf16
 //! ```
 //! The case grammar is the bench's (`benches/common/spec.rs`), and so is the setup: the
-//! same random inputs, the same L2 flush before every run.
+//! same random inputs, the same way of keeping them out of L2 (`--flush`).
 //!
 //! No NVTX ranges: cudarc's `nvtx` feature is not enabled in this crate's Cargo.toml, so
 //! select kernels with ncu's `-k regex:decode_kernel` (or `combine_kernel`, `plan_kernel`,
@@ -19,7 +19,7 @@ mod common;
 
 use std::process::ExitCode;
 
-use common::gpu::{median, TimeOpts};
+use common::gpu::{median, set_up_cold_l2, FlushMode, TimeOpts};
 use common::report::row_name;
 use common::spec::CaseSpec;
 use common::{flag_value, parse_count, Gpu, Res, BENCH_SEED};
@@ -28,6 +28,7 @@ use mla_decode::PlanOptions;
 
 const USAGE: &str = "\
 usage: profile --case SPEC [--iters N] [--warmup N] [--sm120-occupancy]
+               [--flush rotate|memset]
 
   --case SPEC          one case, as the bench spells it:
                          dense:b=64,q=1,h=8,l=4096,bs=64,dtype=bf16
@@ -36,9 +37,15 @@ usage: profile --case SPEC [--iters N] [--warmup N] [--sm120-occupancy]
   --iters N            timed runs (default 20), between cuProfilerStart and cuProfilerStop
   --warmup N           untimed runs before them (default 1)
   --sm120-occupancy    pad the plan to sm_120's occupancy (what ships for sm_120)
+  --flush rotate|memset
+                       as the bench: rotate the KV cache over copies spanning >= 4x L2
+                       (default; the gather gets the memset), or a memset of
+                       max(2 x L2, 256 MiB) before each run
 
 Each run is one step as the bench times it (plan update + decode + combine; the gather
-alone for gather cases), with L2 flushed before it. Prints the schedule and the median.
+alone for gather cases), inputs out of L2 as --flush says. Prints the schedule and the
+median. (ncu flushes the caches before each profiled kernel itself, unless
+--cache-control none.)
 
 Nsight Compute, one decode kernel launch with the GPU's own clocks:
   cargo build --release --example profile
@@ -53,11 +60,13 @@ struct Args {
     iters: usize,
     warmup: usize,
     sm120_occupancy: bool,
+    flush: FlushMode,
 }
 
 /// `Ok(None)`: `--help` was asked for.
 fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
     let (mut case, mut iters, mut warmup, mut sm120_occupancy) = (None, 20, 1, false);
+    let mut flush = FlushMode::default();
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--help" | "-h" => return Ok(None),
@@ -70,6 +79,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, Stri
                     .map_err(|_| format!("{arg}: expected a count, got `{v}`"))?;
             }
             "--sm120-occupancy" => sm120_occupancy = true,
+            "--flush" => flush = FlushMode::parse(&flag_value(&mut it, &arg)?)?,
             other => return Err(format!("unknown argument `{other}`")),
         }
     }
@@ -79,6 +89,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, Stri
         iters,
         warmup,
         sm120_occupancy,
+        flush,
     }))
 }
 
@@ -111,6 +122,7 @@ fn run(args: &Args) -> Res<()> {
             return Ok(());
         }
     };
+    gpu.flush_mode = args.flush;
     let mut w = common::build(&gpu.stream, &args.case, BENCH_SEED)?;
     let options = PlanOptions {
         sm120_occupancy: args.sm120_occupancy,
@@ -136,20 +148,36 @@ fn run(args: &Args) -> Res<()> {
             if s.pdl != 0 { "on" } else { "off" }
         );
     }
+    let flush = set_up_cold_l2(&gpu, w.as_mut())?;
+    match w.meta().copies {
+        Some(r) => println!("l2:     KV cache rotated over {r} copies"),
+        None => println!(
+            "l2:     {} MiB memset before each run",
+            gpu.flush_bytes() >> 20
+        ),
+    }
 
+    // run i reads copy i of the cache (mod the copies); the timed runs continue the
+    // warm-up's rotation
     let warmup = TimeOpts {
         warmup: args.warmup,
         iters: 0,
-        flush: true,
+        flush,
     };
-    gpu.time(warmup, |s| Ok(w.step(s)?))?;
+    gpu.time(warmup, |s, i| {
+        w.select_copy(i);
+        Ok(w.step(s)?)
+    })?;
     let timed = TimeOpts {
         warmup: 0,
         iters: args.iters,
-        flush: true,
+        flush,
     };
     profiler_start()?;
-    let us = gpu.time(timed, |s| Ok(w.step(s)?));
+    let us = gpu.time(timed, |s, i| {
+        w.select_copy(args.warmup + i);
+        Ok(w.step(s)?)
+    });
     profiler_stop()?;
     let us = us?;
     w.check_flag(&gpu.stream)?;

@@ -9,6 +9,10 @@
 //! ready in milliseconds: global slot `s` holds chunk row `s % CHUNK_ROWS`, which is also
 //! how the reference sees the cache (without a copy of it). Dense block tables are a random
 //! permutation of the blocks; sparse slot ids are drawn uniformly without repeats per token.
+//!
+//! For `--flush rotate` a dense or sparse case holds identical copies of its cache
+//! ([`Workload::set_copies`]) and each run reads the one [`Workload::select_copy`] picked;
+//! q, tables and indices are not copied (they are small next to the cache rows read).
 
 use std::sync::Arc;
 
@@ -64,6 +68,18 @@ pub struct Meta {
     pub bytes: f64,
     /// FLOP of the step: 2·1088 per (query row, head, cache row).
     pub flop: f64,
+    /// KV cache copies the timed runs rotated over (`--flush rotate`; 1: the cache alone,
+    /// no flush); None: L2 flushed by a memset before each run instead.
+    pub copies: Option<usize>,
+}
+
+/// Bytes of a case's KV cache.
+#[derive(Clone, Copy, Debug)]
+pub struct CacheBytes {
+    /// One copy of the cache.
+    pub size: usize,
+    /// The distinct cache rows one step reads.
+    pub read: usize,
 }
 
 /// One benchmark case with its device buffers.
@@ -80,6 +96,19 @@ pub trait Workload {
     fn layer(&mut self, stream: &CudaStream) -> mla_decode::Result<()> {
         self.step(stream)
     }
+    /// The KV cache's bytes; None for the gather, which has none.
+    fn cache_bytes(&self) -> Option<CacheBytes> {
+        None
+    }
+    /// Holds `Some(n)` identical copies of the KV cache (the cache itself and `n - 1` more)
+    /// for [`Workload::select_copy`] to pick from, or (None) the cache alone, for runs
+    /// flushed by the memset. Recorded in [`Meta::copies`]; the gather has no cache and
+    /// stays at None.
+    fn set_copies(&mut self, _stream: &Arc<CudaStream>, _copies: Option<usize>) -> Res<()> {
+        Ok(())
+    }
+    /// The next steps read copy `i % copies` of the cache.
+    fn select_copy(&mut self, _i: usize) {}
     /// Synchronizes; fails if a kernel recorded a fault in the case's error flag.
     fn check_flag(&self, stream: &CudaStream) -> Res<()>;
     /// Compares the last step's output with the reference (computed on first use).
@@ -173,6 +202,62 @@ fn replicate<T>(stream: &Arc<CudaStream>, chunk: &CudaSlice<T>, dst: &mut CudaSl
     Ok(())
 }
 
+/// A cache and the identical copies of it that the runs rotate over.
+struct Rotated<T> {
+    cache: Arc<Cache<T>>,
+    /// The copies beyond `cache` itself.
+    extra: Vec<CudaSlice<T>>,
+    /// The copy steps read: 0 is `cache`, `c` is `extra[c - 1]`.
+    current: usize,
+    /// Bytes of the distinct cache rows one step reads.
+    read_bytes: usize,
+}
+
+impl<T: Element> Rotated<T> {
+    fn new(cache: Arc<Cache<T>>, rows_read: usize) -> Self {
+        Rotated {
+            cache,
+            extra: Vec::new(),
+            current: 0,
+            read_bytes: rows_read * HEAD_DIM * std::mem::size_of::<T>(),
+        }
+    }
+
+    fn bytes(&self) -> CacheBytes {
+        CacheBytes {
+            size: self.cache.data.len() * std::mem::size_of::<T>(),
+            read: self.read_bytes,
+        }
+    }
+
+    /// Makes the copies (device-to-device), or frees them; returns what [`Meta::copies`]
+    /// records.
+    fn set_copies(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        copies: Option<usize>,
+    ) -> Res<Option<usize>> {
+        let n = copies.unwrap_or(1).max(1);
+        self.extra.truncate(n - 1);
+        while self.extra.len() < n - 1 {
+            self.extra.push(stream.clone_dtod(&self.cache.data)?);
+        }
+        self.current = 0;
+        Ok(copies.map(|_| n))
+    }
+
+    fn select(&mut self, i: usize) {
+        self.current = i % (self.extra.len() + 1);
+    }
+
+    fn view(&self) -> KvCache<'_, T> {
+        match self.current {
+            0 => self.cache.view(),
+            c => KvCache::contiguous(self.extra[c - 1].as_view(), self.cache.block_size),
+        }
+    }
+}
+
 // ---- queries, outputs, plan: what dense and sparse share ----------------------------------
 
 /// q, out, lse, error flag and plan of `rows` query rows of `heads` heads.
@@ -254,7 +339,7 @@ pub struct DenseCase<T> {
     meta: Meta,
     setup: DenseSetup,
     max_blocks: usize,
-    cache: Arc<Cache<T>>,
+    kv: Rotated<T>,
     table_host: Vec<i32>,
     table: CudaSlice<i32>,
     seq_lens: CudaSlice<i32>,
@@ -313,11 +398,13 @@ impl<T: Element> DenseCase<T> {
             block_size: bs,
             bytes: rows_read * ROW_BYTES + io.bytes(),
             flop: FLOP_PER_ROW * (setup.q_len * setup.heads) as f64 * rows_read,
+            copies: None,
         };
         Ok(DenseCase {
             meta,
             max_blocks,
-            cache,
+            // the table's blocks are distinct, so are the rows read
+            kv: Rotated::new(cache, rows_read as usize),
             table: stream.clone_htod(&table_host)?,
             table_host,
             seq_lens: stream.clone_htod(&setup.seq_lens)?,
@@ -329,7 +416,7 @@ impl<T: Element> DenseCase<T> {
 
     /// The cache, to share with a sparse case over the same requests.
     pub fn cache(&self) -> Arc<Cache<T>> {
-        self.cache.clone()
+        self.kv.cache.clone()
     }
 
     pub fn setup(&self) -> &DenseSetup {
@@ -344,7 +431,7 @@ impl<T: Element> DenseCase<T> {
     /// The reference rows of request `b` (its q_len rows, the sampled heads).
     fn reference_of(&self, b: usize, rows: &[f64], heads: &[usize]) -> Vec<RefRow> {
         let (s, mb) = (&self.setup, self.max_blocks);
-        let ref_blocks = self.cache.reference_blocks() as i32;
+        let ref_blocks = self.kv.cache.reference_blocks() as i32;
         let table: Vec<i32> = self.table_host[b * mb..][..mb]
             .iter()
             .map(|&e| e % ref_blocks)
@@ -356,7 +443,7 @@ impl<T: Element> DenseCase<T> {
             batch: 1,
             q_len: s.q_len,
             num_heads: heads.len(),
-            cache: self.cache.reference_cache(rows),
+            cache: self.kv.cache.reference_cache(rows),
             block_table: &table,
             max_blocks_per_seq: mb,
             seq_lens: &s.seq_lens[b..=b],
@@ -366,7 +453,7 @@ impl<T: Element> DenseCase<T> {
     }
 
     fn compute_reference(&self) -> Vec<RefRow> {
-        let rows = self.cache.reference_rows();
+        let rows = self.kv.cache.reference_rows();
         let heads = check::spread(self.setup.heads, check::MAX_HEADS);
         let requests = check::spread(self.setup.batch, check::MAX_ROWS);
         check::parallel(&requests, |b| self.reference_of(b, &rows, &heads))
@@ -395,6 +482,19 @@ impl<T: Element> Workload for DenseCase<T> {
         self.io.plan.as_ref().map(|p| *p.schedule())
     }
 
+    fn cache_bytes(&self) -> Option<CacheBytes> {
+        Some(self.kv.bytes())
+    }
+
+    fn set_copies(&mut self, stream: &Arc<CudaStream>, copies: Option<usize>) -> Res<()> {
+        self.meta.copies = self.kv.set_copies(stream, copies)?;
+        Ok(())
+    }
+
+    fn select_copy(&mut self, i: usize) {
+        self.kv.select(i);
+    }
+
     fn step(&mut self, stream: &CudaStream) -> mla_decode::Result<()> {
         let io = &mut self.io;
         let plan = io.plan.as_mut().ok_or_else(no_plan)?;
@@ -410,7 +510,7 @@ impl<T: Element> Workload for DenseCase<T> {
             stream,
             plan,
             &Query::contiguous(io.q.as_view(), s.heads),
-            &self.cache.view(),
+            &self.kv.view(),
             &BlockTable::new(self.table.as_view(), s.batch, self.max_blocks),
             &mut Output::contiguous(io.out.as_view_mut(), s.heads),
             Some(&mut Lse::contiguous(io.lse.as_view_mut(), s.heads)),
@@ -447,7 +547,7 @@ pub struct SparseSetup {
 pub struct SparseCase<T> {
     meta: Meta,
     setup: SparseSetup,
-    cache: Arc<Cache<T>>,
+    kv: Rotated<T>,
     indices_host: Vec<i32>,
     indices: CudaSlice<i32>,
     io: Io<T>,
@@ -501,11 +601,13 @@ impl<T: Element> SparseCase<T> {
             block_size: cache.block_size,
             bytes: rows_read * ROW_BYTES + io.bytes() + index_bytes,
             flop: FLOP_PER_ROW * setup.heads as f64 * rows_read,
+            copies: None,
         };
+        let distinct_rows = distinct_slots(&indices_host, cache.num_blocks * cache.block_size);
         Ok(SparseCase {
             meta,
             setup,
-            cache,
+            kv: Rotated::new(cache, distinct_rows),
             indices_host,
             indices,
             io,
@@ -524,7 +626,7 @@ impl<T: Element> SparseCase<T> {
             q: &q,
             num_tokens: 1,
             num_heads: heads.len(),
-            cache: self.cache.reference_cache(rows),
+            cache: self.kv.cache.reference_cache(rows),
             indices: &ids,
             topk: s.topk,
             topk_len: None,
@@ -534,7 +636,7 @@ impl<T: Element> SparseCase<T> {
     }
 
     fn compute_reference(&self) -> Vec<RefRow> {
-        let rows = self.cache.reference_rows();
+        let rows = self.kv.cache.reference_rows();
         let heads = check::spread(self.setup.heads, check::MAX_HEADS);
         let tokens = check::spread(self.setup.tokens, check::MAX_ROWS);
         check::parallel(&tokens, |t| self.reference_of(t, &rows, &heads))
@@ -561,6 +663,19 @@ impl<T: Element> Workload for SparseCase<T> {
         self.io.plan.as_ref().map(|p| *p.schedule())
     }
 
+    fn cache_bytes(&self) -> Option<CacheBytes> {
+        Some(self.kv.bytes())
+    }
+
+    fn set_copies(&mut self, stream: &Arc<CudaStream>, copies: Option<usize>) -> Res<()> {
+        self.meta.copies = self.kv.set_copies(stream, copies)?;
+        Ok(())
+    }
+
+    fn select_copy(&mut self, i: usize) {
+        self.kv.select(i);
+    }
+
     fn step(&mut self, stream: &CudaStream) -> mla_decode::Result<()> {
         let plan = self.io.plan.as_mut().ok_or_else(no_plan)?;
         plan.update_sparse(stream, None)?;
@@ -575,7 +690,7 @@ impl<T: Element> Workload for SparseCase<T> {
             stream,
             plan,
             &Query::contiguous(io.q.as_view(), s.heads),
-            &self.cache.view(),
+            &self.kv.view(),
             &SparseIndices::contiguous(self.indices.as_view(), s.topk),
             &mut Output::contiguous(io.out.as_view_mut(), s.heads),
             Some(&mut Lse::contiguous(io.lse.as_view_mut(), s.heads)),
@@ -597,6 +712,20 @@ impl<T: Element> Workload for SparseCase<T> {
     }
 }
 
+/// How many distinct slots in `0..slots` the ids name (-1 and other ids out of range
+/// count for none).
+fn distinct_slots(ids: &[i32], slots: usize) -> usize {
+    let mut seen = vec![false; slots];
+    let mut n = 0;
+    for &id in ids {
+        if let Some(s) = usize::try_from(id).ok().and_then(|i| seen.get_mut(i)) {
+            n += usize::from(!*s);
+            *s = true;
+        }
+    }
+    n
+}
+
 // ---- gather ------------------------------------------------------------------------------
 
 /// The host side of a gather: positions `[tokens, topk]` of requests `req_id[tokens]`.
@@ -615,6 +744,10 @@ pub struct GatherInputs {
 }
 
 /// The index gather alone: request-logical positions to global slot ids.
+///
+/// It has no KV cache and rotates nothing: its runs keep the memset flush in either
+/// `--flush` mode (its inputs, a few MB of positions and tables, would need some hundred
+/// copies to span 4× L2).
 pub struct GatherCase {
     meta: Meta,
     host: GatherInputs,
@@ -667,6 +800,7 @@ impl GatherCase {
             // positions read, slot ids written, req_id read
             bytes: entries * 8.0 + tokens as f64 * 4.0,
             flop: 0.0,
+            copies: None,
         };
         Ok(GatherCase {
             meta,

@@ -1,5 +1,14 @@
 //! The device, the L2 flush, CUDA-event timing, the copy bandwidth and CUDA-graph replay.
 //!
+//! Two ways keep a case's inputs out of L2 between its runs ([`FlushMode`]): `rotate` (the
+//! default) gives the case identical copies of its KV cache and has run `i` read copy
+//! `i % copies`, enough copies that the cache rows read between two runs of the same copy
+//! are at least [`ROTATE_L2_FACTOR`] times the L2; `memset` writes a buffer of
+//! max(2 × L2, 256 MiB) before each run, as Triton's do_bench does. The memset leaves the
+//! L2 full of dirty lines, which the timed run then writes back (6-8 µs of a 90 µs case on
+//! an H200), so `rotate` times the kernels as they run in a model, where the cache is cold
+//! and L2 is not dirty with unrelated writes.
+//!
 //! Everything runs on one stream. cudarc's per-buffer event tracking is switched off when
 //! the context is made (before any buffer exists): with a single stream it orders nothing,
 //! and its events would make a graph capture wait on work recorded outside the capture.
@@ -12,7 +21,7 @@ use mla_decode::cudarc::driver::sys::{
 use mla_decode::cudarc::driver::{CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream};
 use mla_decode::{cuda_available, DeviceInfo};
 
-use super::cases::Workload;
+use super::cases::{CacheBytes, Workload};
 use super::Res;
 
 /// The L2 flush writes at least this much (Triton's do_bench flushes 256 MB), and at least
@@ -22,12 +31,50 @@ pub const MIN_FLUSH_BYTES: usize = 256 << 20;
 pub const GRAPH_MAX_BYTES: f64 = 64e6;
 /// Size of the device-to-device copy that defines the copy bandwidth.
 pub const COPY_BYTES: usize = 1 << 30;
+/// `rotate` reads at least this many times the L2 in cache rows between two runs that
+/// read the same copy.
+pub const ROTATE_L2_FACTOR: usize = 4;
+/// `rotate` uses at most this many bytes for all the copies of a cache together (the
+/// original included); a case that would need more is flushed by the memset instead.
+pub const ROTATE_MAX_BYTES: usize = 8 << 30;
+
+/// How the timed runs keep a case's inputs out of L2 (`--flush`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FlushMode {
+    /// Rotate the KV cache over identical copies ([`copies_for`]); no flush. Cases
+    /// without a cache (the gather) and those whose copies would pass
+    /// [`ROTATE_MAX_BYTES`] fall back to the memset.
+    #[default]
+    Rotate,
+    /// A memset of max(2 × L2, 256 MiB) before every run (Triton's do_bench).
+    Memset,
+}
+
+impl FlushMode {
+    pub fn parse(value: &str) -> Result<FlushMode, String> {
+        match value {
+            "rotate" => Ok(FlushMode::Rotate),
+            "memset" => Ok(FlushMode::Memset),
+            other => Err(format!("--flush: expected rotate or memset, got `{other}`")),
+        }
+    }
+
+    /// `rotate` or `memset`, as `--flush` and the JSON spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            FlushMode::Rotate => "rotate",
+            FlushMode::Memset => "memset",
+        }
+    }
+}
 
 /// Device 0, its stream and the L2 flush buffer.
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     pub info: DeviceInfo,
+    /// How [`measure`] keeps the inputs out of L2 ([`FlushMode::Rotate`] unless set).
+    pub flush_mode: FlushMode,
     flush: CudaSlice<u8>,
 }
 
@@ -63,6 +110,7 @@ impl Gpu {
             ctx,
             stream,
             info,
+            flush_mode: FlushMode::default(),
             flush,
         }))
     }
@@ -88,12 +136,13 @@ impl Gpu {
         Ok(())
     }
 
-    /// Runs `run` `warmup + iters` times, timing the last `iters` with CUDA events;
-    /// returns the times in µs, sorted. Nothing synchronizes the host until the end.
+    /// Runs `run(stream, i)` for `i` in `0..warmup + iters`, timing the last `iters` with
+    /// CUDA events; returns the times in µs, sorted. Nothing synchronizes the host until
+    /// the end.
     pub fn time(
         &mut self,
         opts: TimeOpts,
-        mut run: impl FnMut(&Arc<CudaStream>) -> Res<()>,
+        mut run: impl FnMut(&Arc<CudaStream>, usize) -> Res<()>,
     ) -> Res<Vec<f64>> {
         let stream = self.stream.clone();
         let events = (0..opts.iters)
@@ -107,7 +156,7 @@ impl Gpu {
             if let Some((start, _)) = pair {
                 start.record(&stream)?;
             }
-            run(&stream)?;
+            run(&stream, i)?;
             if let Some((_, end)) = pair {
                 end.record(&stream)?;
             }
@@ -135,7 +184,7 @@ impl Gpu {
             iters: 25,
             flush: false, // 1 GiB is far beyond any L2
         };
-        let us = self.time(opts, |s| Ok(s.memcpy_dtod(&src, &mut dst)?))?;
+        let us = self.time(opts, |s, _| Ok(s.memcpy_dtod(&src, &mut dst)?))?;
         Ok(2.0 * COPY_BYTES as f64 / median(&us) / 1e3)
     }
 
@@ -184,18 +233,49 @@ pub struct Timing {
     pub graph_error: Option<String>,
 }
 
+/// The copies of a cache that `rotate` needs: the fewest whose rows read by one step add
+/// up to [`ROTATE_L2_FACTOR`] × L2 (1 when a step reads that much by itself); None when
+/// they would take more than [`ROTATE_MAX_BYTES`].
+pub fn copies_for(l2_bytes: usize, cache: CacheBytes) -> Option<usize> {
+    let copies = (ROTATE_L2_FACTOR * l2_bytes)
+        .div_ceil(cache.read.max(1))
+        .max(1);
+    (copies == 1 || copies.saturating_mul(cache.size) <= ROTATE_MAX_BYTES).then_some(copies)
+}
+
+/// Sets `w` up for `gpu.flush_mode`: in `rotate` mode gives it the copies of its cache
+/// that [`copies_for`] asks for; returns whether every run needs the memset flush instead
+/// (`memset` mode, the gather, a cache too large to copy). Run `i` must then
+/// `w.select_copy(i)` first.
+pub fn set_up_cold_l2(gpu: &Gpu, w: &mut dyn Workload) -> Res<bool> {
+    let copies = match (gpu.flush_mode, w.cache_bytes()) {
+        (FlushMode::Rotate, Some(cache)) => {
+            copies_for(gpu.info.l2_cache_bytes.max(0) as usize, cache)
+        }
+        _ => None,
+    };
+    w.set_copies(&gpu.stream, copies)?;
+    Ok(copies.is_none())
+}
+
 /// Times one step of `w` (its plan must be set): the median over `opts.iters` runs after
-/// warm-up, L2 flushed before each; then, for small cases, the same for graph replay.
-/// Checks the workload's error flag afterwards.
+/// warm-up, inputs out of L2 as `gpu.flush_mode` says; then, for small cases, the same for
+/// graph replay. Checks the workload's error flag afterwards.
 pub fn measure(gpu: &mut Gpu, w: &mut dyn Workload, opts: &MeasureOpts) -> Res<Timing> {
     let time_opts = TimeOpts {
         warmup: opts.warmup,
         iters: opts.iters,
-        flush: true,
+        flush: set_up_cold_l2(gpu, w)?,
     };
-    let us = median(&gpu.time(time_opts, |s| Ok(w.step(s)?))?);
+    let us = median(&gpu.time(time_opts, |s, i| {
+        w.select_copy(i);
+        Ok(w.step(s)?)
+    })?);
     w.check_flag(&gpu.stream)?;
-    let layer_us = median(&gpu.time(time_opts, |s| Ok(w.layer(s)?))?);
+    let layer_us = median(&gpu.time(time_opts, |s, i| {
+        w.select_copy(i);
+        Ok(w.layer(s)?)
+    })?);
     w.check_flag(&gpu.stream)?;
     let mut timing = Timing {
         us,
@@ -212,9 +292,16 @@ pub fn measure(gpu: &mut Gpu, w: &mut dyn Workload, opts: &MeasureOpts) -> Res<T
     Ok(timing)
 }
 
+/// Replays graph `i % copies` in run `i`: one graph per copy of the cache, since a graph
+/// bakes in the cache's address.
 fn graph_time(gpu: &mut Gpu, w: &mut dyn Workload, opts: TimeOpts) -> Res<f64> {
-    let graph = gpu.capture(|s| Ok(w.step(s)?))?;
-    let us = median(&gpu.time(opts, |_| Ok(graph.launch()?))?);
+    let graphs = (0..w.meta().copies.unwrap_or(1))
+        .map(|c| {
+            w.select_copy(c);
+            gpu.capture(|s| Ok(w.step(s)?))
+        })
+        .collect::<Res<Vec<_>>>()?;
+    let us = median(&gpu.time(opts, |_, i| Ok(graphs[i % graphs.len()].launch()?))?);
     w.check_flag(&gpu.stream)?;
     Ok(us)
 }

@@ -7,6 +7,7 @@ use mla_decode::DeviceInfo;
 
 use super::cases::Meta;
 use super::check::Accuracy;
+use super::gpu::FlushMode;
 
 /// Suffix of the rows measured with `PlanOptions { sm120_occupancy: true }`.
 pub const SM120_SUFFIX: &str = " [sm120-occ]";
@@ -133,11 +134,13 @@ impl Table {
     }
 }
 
-/// Writes `{"device", "arch", "sm_count", "l2_bytes", "copy_gbps", "rows": [...]}`.
+/// Writes `{"device", "arch", "sm_count", "l2_bytes", "copy_gbps", "l2", "rows": [...]}`;
+/// `"l2"` is the `--flush` mode asked for (a row's own `"l2"` says what its runs did).
 pub fn write_json(
     path: &Path,
     info: &DeviceInfo,
     copy_gbps: f64,
+    flush: FlushMode,
     rows: &[Row],
 ) -> std::io::Result<()> {
     let rows: Vec<String> = rows
@@ -145,12 +148,13 @@ pub fn write_json(
         .map(|r| format!("    {}", row_json(r)))
         .collect();
     let text = format!(
-        "{{\n  \"device\": {},\n  \"arch\": {},\n  \"sm_count\": {},\n  \"l2_bytes\": {},\n  \"copy_gbps\": {},\n  \"rows\": [\n{}\n  ]\n}}\n",
+        "{{\n  \"device\": {},\n  \"arch\": {},\n  \"sm_count\": {},\n  \"l2_bytes\": {},\n  \"copy_gbps\": {},\n  \"l2\": {},\n  \"rows\": [\n{}\n  ]\n}}\n",
         quote(&info.name),
         quote(&info.sm_name()),
         info.sm_count,
         info.l2_cache_bytes,
         number(copy_gbps),
+        quote(flush.name()),
         rows.join(",\n")
     );
     std::fs::write(path, text)
@@ -158,6 +162,12 @@ pub fn write_json(
 
 fn row_json(r: &Row) -> String {
     let m = &r.meta;
+    // rotated over `copies` copies of the cache, or flushed by the memset (1 copy)
+    let l2 = if m.copies.is_some() {
+        "rotate"
+    } else {
+        "memset"
+    };
     let text_or_null = |s: Option<&str>| s.map_or("null".to_string(), quote);
     let mut fields = vec![
         ("name", quote(&r.name())),
@@ -182,6 +192,8 @@ fn row_json(r: &Row) -> String {
         ("bytes", number(m.bytes)),
         ("flop", number(m.flop)),
         ("sm120_occupancy", r.sm120_occupancy.to_string()),
+        ("l2", quote(l2)),
+        ("copies", m.copies.unwrap_or(1).to_string()),
     ];
     if let Some(a) = &r.accuracy {
         fields.push(("relerr", number(a.relerr)));
