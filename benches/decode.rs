@@ -8,9 +8,9 @@
 //! Measures the device's copy bandwidth, then every case (DESIGN.md, "Performance model and
 //! how it is measured"): the median of `--iters` CUDA-event timings after warm-up, inputs
 //! out of L2 (the KV cache rotated over copies spanning ≥ 4× L2, or a memset flush before
-//! each run: `common::gpu::FlushMode`), random inputs; a dense step is plan + decode +
-//! combine, a sparse step plan + decode, the gather has its own row; small cases also
-//! report CUDA-graph replay. See `USAGE` for the details.
+//! each run: `common::gpu::FlushMode`), random inputs; a dense or sparse step is one decode
+//! call (decode + combine; the split is derived from the lengths inside the call), the gather
+//! has its own row; small cases also report CUDA-graph replay. See `USAGE` for the details.
 
 mod common;
 
@@ -61,8 +61,8 @@ Times are medians of CUDA-event timings, inputs kept out of L2 as --flush says (
 names the mode in \"l2\", and each row's own \"l2\" and \"copies\"). GB/s counts cache
 rows read x 1152 B + q + out (+ indices x 4 for sparse); % copy compares it with a 1 GiB
 device-to-device copy; TFLOP/s counts 2 x (576 + 512) per (query row, head, cache row).
-A step is plan update + decode + combine; the layer column times decode + combine alone,
-what every further layer of the same decode step costs (the plan is shared by the layers).
+A step is one decode call (decode + combine; the split is derived from seq_lens inside
+the call, so every layer of a decode step costs the same).
 Cases under 64 MB also report the replay time of the step captured in a CUDA graph.";
 
 const WARMUP: usize = 5;
@@ -262,7 +262,6 @@ fn run_case(
             meta: w.meta().clone(),
             sm120_occupancy,
             us: timing.us,
-            layer_us: timing.layer_us,
             graph_us: timing.graph_us,
             accuracy,
             copy_gbps,

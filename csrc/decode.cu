@@ -40,7 +40,7 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
     if (dev != s->device) return MLA_STATUS_INVALID_ARGUMENT;
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     const dim3 grid(s->num_m_tiles, s->num_parts);
-    const dim3 cgrid(plan_max_splits(s->batch, s->num_parts), (a.m_rows + a.combine_rows - 1) / a.combine_rows);
+    const dim3 cgrid(max_splits(s->batch, s->num_parts), (a.m_rows + a.combine_rows - 1) / a.combine_rows);
     if (dtype == MLA_DTYPE_BF16) {
         MLA_CUDA_TRY((launch_pdl(decode_kernel<__nv_bfloat16, kSparse>, grid, Cfg::kThreads, s->smem_bytes, st, s->pdl, a)));
         MLA_CUDA_TRY((launch_pdl(combine_kernel<__nv_bfloat16, kSparse>, cgrid, kCombineWarps * 32, 0, st, s->pdl, a)));
@@ -58,7 +58,7 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
 template <typename P>
 bool common_args(const mla_schedule_t* s, const P* p, DecodeArgs& a) {
     if (s == nullptr || p == nullptr || p->q_nope == nullptr || p->q_rope == nullptr || p->kv_cache == nullptr ||
-        p->out == nullptr || p->plan == nullptr || p->workspace == nullptr)
+        p->out == nullptr || p->workspace == nullptr)
         return false;
     const int32_t bs = p->block_size;
     if (!(bs == 16 || bs == 32 || bs == 64 || bs == 128)) return false;
@@ -70,7 +70,7 @@ bool common_args(const mla_schedule_t* s, const P* p, DecodeArgs& a) {
         !stride16(p->q_rope_head_stride) || !stride16(p->out_token_stride) || !stride16(p->out_head_stride))
         return false;
     if (!(p->softmax_scale > 0.f) || !isfinite(p->softmax_scale)) return false;
-    if (!aligned16(p->plan) || !aligned16(p->workspace)) return false;  // read as int4 / float4
+    if (!aligned16(p->workspace)) return false;  // read as float4
     a = DecodeArgs{};
     a.q_nope = static_cast<const uint8_t*>(p->q_nope);
     a.q_rope = static_cast<const uint8_t*>(p->q_rope);
@@ -95,7 +95,7 @@ bool common_args(const mla_schedule_t* s, const P* p, DecodeArgs& a) {
     a.lse_ts = p->lse_token_stride;
     a.lse_hs = p->lse_head_stride;
     a.scale_log2 = p->softmax_scale * kLog2e;
-    a.plan = p->plan;
+    a.max_len = s->max_len;
     a.ws_o = p->workspace;
     a.ws_lse = p->workspace + 2 * static_cast<size_t>(s->num_parts) * a.m_rows * kLatentDim;
     a.flag = p->error_flag;
@@ -163,11 +163,11 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int3
     s->sm_count = sm_count;
     s->sm120_occupancy = sm120_occupancy ? 1 : 0;
     s->device = dev;
-    // Programmatic dependent launch (sm_90+): bit 0 = launch attribute on, bits 1-2 = the
-    // plan / decode kernel let their successor be scheduled early. Default 3 (measured in
-    // docs/PERFORMANCE.md: an early trigger in decode lets combine CTAs sit resident and
-    // slows long single sequences). MLA_PDL overrides it for experiments (0 = off).
-    int pdl = 3;
+    // Programmatic dependent launch (sm_90+): bit 0 = launch attribute on (the combine's
+    // launch overlaps decode), bit 2 = decode lets the combine be scheduled early. Default 1
+    // (measured in docs/PERFORMANCE.md: an early trigger in decode lets combine CTAs sit
+    // resident and slows long single sequences). MLA_PDL overrides it (0 = off).
+    int pdl = 1;
     if (const char* e = getenv("MLA_PDL")) pdl = atoi(e);
     s->pdl = major >= 9 && pdl > 0 ? pdl : 0;
     return MLA_STATUS_OK;
@@ -179,6 +179,9 @@ extern "C" mla_status_t mla_dense_decode(const mla_schedule_t* s, const mla_dens
     MLA_REQUIRE(p->block_table != nullptr && p->max_blocks_per_seq >= 1 &&
                 p->block_table_stride >= p->max_blocks_per_seq);
     MLA_REQUIRE(static_cast<int64_t>(s->max_len) == static_cast<int64_t>(p->max_blocks_per_seq) * p->block_size);
+    MLA_REQUIRE(p->seq_lens != nullptr);
+    a.lens = p->seq_lens;
+    a.check_lens = 1;
     a.table = p->block_table;
     a.table_stride = p->block_table_stride;
     a.table_cols = p->max_blocks_per_seq;
@@ -191,9 +194,27 @@ extern "C" mla_status_t mla_sparse_decode(const mla_schedule_t* s, const mla_spa
     MLA_REQUIRE(common_args(s, p, a));
     MLA_REQUIRE(p->indices != nullptr && p->topk >= 1 && p->topk <= MLA_MAX_TOPK && p->indices_stride >= p->topk);
     MLA_REQUIRE(s->q_len == 1 && s->max_len == p->topk);
+    a.lens = p->topk_len;
+    a.check_lens = 0;
     a.table = p->indices;
     a.table_stride = p->indices_stride;
     a.table_cols = p->topk;
     a.combine_rows = combine_rows(s);
     return launch<true>(s, a, p->dtype, stream);
+}
+
+extern "C" size_t mla_workspace_bytes(const mla_schedule_t* s) {
+    if (s == nullptr) return 0;
+    const size_t rows = 2 * static_cast<size_t>(s->num_parts) * s->q_len * s->num_heads;
+    return rows * (kLatentDim + 1) * sizeof(float);
+}
+
+extern "C" mla_tile_info_t mla_tile_info(void) {
+    mla_tile_info_t t;
+    t.block_m = Cfg::kBlockM;
+    t.block_n = Cfg::kBlockN;
+    t.stages = Cfg::kStages;
+    t.threads = Cfg::kThreads;
+    t.smem_bytes = Cfg::kSmemBytes;
+    return t;
 }

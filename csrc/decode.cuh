@@ -1,12 +1,13 @@
 // The split-KV decode kernel family shared by dense (paged, causal) and sparse (top-k
-// slot list) MLA decode, the combine kernel that merges splits, and the plan layout.
+// slot list) MLA decode, the combine kernel that merges splits, and the split itself.
 //
 // Work decomposition (flash-decoding, FlashMLA-style flattened schedule):
 //   - A "request" is a dense sequence b (q_len query tokens) or a sparse token t.
 //   - Its cache rows are cut into tiles of kBlockN rows; a request with no rows still
-//     gets one (fully masked) tile, so that decode_kernel writes its zeros and -inf. The plan (plan.cu) lays all
-//     requests' tiles end to end and gives each of num_parts parts `chunk` consecutive
-//     tiles, so one part may cover the end of one request and the start of the next.
+//     gets one (fully masked) tile, so that decode_kernel writes its zeros and -inf. All
+//     requests' tiles are laid end to end and each of num_parts parts gets `chunk`
+//     consecutive tiles, so one part may cover the end of one request and the start of the
+//     next. There is no plan buffer: every CTA derives its part from the lengths (Split).
 //   - CTA (m_tile, part) runs the query rows [16*m_tile, 16*m_tile+16) of every request
 //     its part touches, streaming the tiles through a cp.async double buffer. A request
 //     that lies wholly inside one part is written straight to `out`; the pieces of a
@@ -53,41 +54,30 @@ constexpr int kTileShift = 5;  // log2(kBlockN)
 static_assert((1 << kTileShift) == Cfg::kBlockN, "tile shift");
 constexpr int kMinChunkTiles = 2;  // a part streams at least this many tiles
 
-// ---- plan layout (int32) ----------------------------------------------------------------
-// [0] total tiles  [1] chunk (tiles per part)  [2] batch  [3] num_parts
-// [4] number of split requests  [5..8) reserved
-// part_info [2*parts]        per part: {first request, its first tile}, {-1, 0} if empty
-// prefix    [batch+1]        first tile of each request (prefix[batch] = total)
-// lens      [batch]          clamped length of each request
-// splits    [4*max_splits]   requests covered by more than one part, in order:
-//                            {request, first part, last part, 1 if the request is not the
-//                            first part's first request (its first piece is in slot 2p+1)}
-// Every request has at least one tile (an empty one a fully masked tile), so decode
-// writes every output row of a request that no part splits. A split request contains a
-// part boundary, so there are at most min(parts-1, batch) of them.
-constexpr int kPlanHeader = 8;
-__host__ __device__ inline int plan_max_splits(int batch, int parts) {
+// ---- the split, derived in every CTA from the lengths ---------------------------------
+// Request b has len(b) = clamp(lens[b], 0, max_len) cache rows (max_len when lens is NULL)
+// and tiles(b) = max(1, ceil(len(b) / 32)) tiles. The T tiles of all requests are cut into
+// parts of chunk = max(ceil(T / num_parts), kMinChunkTiles) tiles. A request covered by
+// more than one part is "split": its pieces go to the workspace and combine_kernel merges
+// them; a split request contains a part boundary, so there are at most
+// min(parts - 1, batch) of them.
+__host__ __device__ inline int max_splits(int batch, int parts) {
     const int m = parts - 1 < batch ? parts - 1 : batch;
     return m > 1 ? m : 1;
 }
-__host__ __device__ inline size_t plan_splits_offset(int batch, int parts) {  // 16-byte aligned
-    return (kPlanHeader + 2 * static_cast<size_t>(parts) + 2 * static_cast<size_t>(batch) + 1 + 3) & ~static_cast<size_t>(3);
+__device__ __forceinline__ int split_chunk(int total, int parts) {
+    return max((total + parts - 1) / parts, kMinChunkTiles);
 }
-__host__ __device__ inline size_t plan_ints(int batch, int parts) {
-    return plan_splits_offset(batch, parts) + 4 * static_cast<size_t>(plan_max_splits(batch, parts));
-}
-template <typename I>
-struct PlanLayoutT {
-    I* header;
-    I* part_info;
-    I* prefix;
-    I* lens;
-    I* splits;
-    __host__ __device__ PlanLayoutT(I* p, int batch, int parts)
-        : header(p), part_info(p + kPlanHeader), prefix(part_info + 2 * parts), lens(prefix + batch + 1),
-          splits(p + plan_splits_offset(batch, parts)) {}
+
+struct Lens {
+    const int32_t* p;  // NULL: every request has max_len rows
+    int max_len;
+    __device__ int raw(int b) const { return p ? p[b] : max_len; }
+    __device__ static int clamp(int raw, int max_len) { return min(max(raw, 0), max_len); }
+    __device__ static int tiles_of(int len) { return max(1, (len + Cfg::kBlockN - 1) >> kTileShift); }
+    __device__ int len(int b) const { return clamp(raw(b), max_len); }
+    __device__ int tiles(int b) const { return tiles_of(len(b)); }
 };
-using PlanLayout = PlanLayoutT<int32_t>;
 
 // ---- arguments of the decode family ------------------------------------------------------
 struct DecodeArgs {
@@ -112,7 +102,9 @@ struct DecodeArgs {
     float* lse;
     int64_t lse_ts, lse_hs;
     float scale_log2;      // softmax_scale * log2(e)
-    const int32_t* plan;
+    const int32_t* lens;   // dense: seq_lens; sparse: topk_len (may be NULL)
+    int32_t max_len;       // dense: max_blocks_per_seq * block_size; sparse: topk
+    int32_t check_lens;    // record negative / too-large lengths (dense)
     float* ws_o;           // [2*parts, m_rows, 512]
     float* ws_lse;         // [2*parts, m_rows], log2 domain
     uint32_t* flag;
@@ -120,23 +112,78 @@ struct DecodeArgs {
     int32_t combine_rows;  // query rows per combine CTA: 1 (8 warps per row) or 8 (a warp per row)
 };
 
-// Offsets are known from the arguments, so the first loads of a CTA do not depend on
-// each other.
-struct PlanView : PlanLayoutT<const int32_t> {
-    __device__ PlanView(const int32_t* p, int batch, int parts) : PlanLayoutT<const int32_t>(p, batch, parts) {}
-    __device__ int tiles(int b) const { return prefix[b + 1] - prefix[b]; }
-};
+// Inclusive sum over the CTA's kThreads threads (every thread calls it); scratch holds
+// kThreads / 32 ints. Returns the inclusive prefix; *total gets the CTA's sum.
+template <int kThreads>
+__device__ __forceinline__ int block_inclusive_sum(int v, int* scratch, int* total) {
+    constexpr int kW = kThreads / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const int u = __shfl_up_sync(0xffffffffu, v, d);
+        if (lane >= d) v += u;
+    }
+    if (lane == 31) scratch[warp] = v;
+    __syncthreads();
+    int before = 0, sum = 0;
+#pragma unroll
+    for (int w = 0; w < kW; ++w) {
+        const int t = scratch[w];
+        before += w < warp ? t : 0;
+        sum += t;
+    }
+    __syncthreads();  // scratch is reused by the next call
+    *total = sum;
+    return v + before;
+}
+
+// Total tiles of all requests (every thread calls it; coalesced loads of the lengths).
+// With record, a negative or too-large length records a fault.
+template <int kThreads>
+__device__ __forceinline__ int total_tiles(const DecodeArgs& a, const Lens& lens, bool record, int* scratch) {
+    if (lens.p == nullptr) return a.batch * Lens::tiles_of(lens.max_len);
+    int sum = 0;
+    for (int b = threadIdx.x; b < a.batch; b += kThreads) {
+        const int raw = lens.p[b];
+        if (record && raw < 0) record_fault(a.flag, MLA_FAULT_NEGATIVE_SEQ_LEN, b, raw);
+        if (record && raw > lens.max_len) record_fault(a.flag, MLA_FAULT_SEQ_LEN_TOO_LARGE, b, raw);
+        sum += Lens::tiles_of(Lens::clamp(raw, lens.max_len));
+    }
+    int total;
+    block_inclusive_sum<kThreads>(sum, scratch, &total);
+    return total;
+}
+
+// Walks the requests kThreads at a time (a block scan each, in request order): every
+// thread calls f(valid, b, first tile of b, tiles of b) for request b = base + thread
+// (valid: b < batch; f may itself call block-wide functions) until some thread's f
+// returns true; returns whether one did. Every thread calls it.
+template <int kThreads, typename F>
+__device__ __forceinline__ bool scan_requests(const DecodeArgs& a, const Lens& lens, int* scratch, F f) {
+    int carry = 0;
+    for (int base = 0; base < a.batch; base += kThreads) {
+        const int b = base + threadIdx.x;
+        const bool valid = b < a.batch;
+        const int t = valid ? lens.tiles(b) : 0;
+        int sum;
+        const int incl = block_inclusive_sum<kThreads>(t, scratch, &sum);
+        const bool hit = f(valid, b, carry + incl - t, t);
+        if (__syncthreads_or(hit)) return true;
+        carry += sum;
+    }
+    return false;
+}
 
 // Position of a tile in the flattened schedule.
 struct Cursor {
     int b;       // request
     int j;       // tile within the request
     int ntiles;  // tiles of request b
-    __device__ void advance(const PlanView& pv) {
+    __device__ void advance(const Lens& lens) {
         if (++j == ntiles) {  // every request has >= 1 tile
             ++b;
             j = 0;
-            ntiles = pv.tiles(b);
+            ntiles = lens.tiles(b);
         }
     }
 };
@@ -164,14 +211,14 @@ struct RowRaw {
 };
 
 template <bool kSparse>
-__device__ __forceinline__ RowRaw resolve_row(const DecodeArgs& a, const PlanView& pv, const Cursor& c) {
+__device__ __forceinline__ RowRaw resolve_row(const DecodeArgs& a, const Lens& lens, const Cursor& c) {
     RowRaw rr{0, 0};
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane < Cfg::kRowsPerWarp) {
         const int pos = (c.j << kTileShift) + warp * Cfg::kRowsPerWarp + lane;
         const int col = min(kSparse ? pos : pos >> a.block_shift, a.table_cols - 1);
         rr.entry = a.table[static_cast<int64_t>(c.b) * a.table_stride + col];
-        rr.len = pv.lens[c.b];
+        rr.len = lens.len(c.b);
     }
     return rr;
 }
@@ -265,14 +312,35 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
     float4* part_s = reinterpret_cast<float4*>(q_s + Cfg::kQBytes);
     int32_t* valid_s = reinterpret_cast<int32_t*>(reinterpret_cast<uint8_t*>(part_s) + Cfg::kPartialBytes);
 
-    const PlanView pv(a.plan, a.batch, a.num_parts);
+    const Lens lens{a.lens, a.max_len};
     const int m_tile = blockIdx.x;
     const int part = blockIdx.y;
-    const int total = pv.header[0], chunk = pv.header[1];
-    const int first_req = pv.part_info[2 * part], first_j = pv.part_info[2 * part + 1];
+    // This part's tiles [lo, hi) and its first request and tile, from the lengths.
+    int* scratch = reinterpret_cast<int*>(part_s);  // free until the first tile is computed
+    const int total =
+        total_tiles<Cfg::kThreads>(a, lens, a.check_lens && blockIdx.x == 0 && blockIdx.y == 0, scratch);
+    const int chunk = split_chunk(total, a.num_parts);
     const int lo = part * chunk;
     if (lo >= total) return;
     const int hi = min(lo + chunk, total);
+    int first_req, first_j;
+    if (lens.p == nullptr) {
+        const int t = Lens::tiles_of(lens.max_len);
+        first_req = lo / t;
+        first_j = lo - first_req * t;
+    } else {
+        scan_requests<Cfg::kThreads>(a, lens, scratch, [&](bool valid, int b, int start, int t) {
+            const bool mine = valid && start <= lo && lo < start + t;
+            if (mine) {
+                scratch[32] = b;
+                scratch[33] = lo - start;
+            }
+            return mine;
+        });
+        first_req = scratch[32];
+        first_j = scratch[33];
+        __syncthreads();  // scratch (part_s) is written again by the first tile
+    }
     if (a.pdl & 2) grid_dependents_launch();
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -280,15 +348,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
     const int mat = lane >> 3, mrow = lane & 7;
     const int nh = warp % Cfg::kSplitN, kh = warp / Cfg::kSplitN;
 
-    Cursor cc{first_req, first_j, pv.tiles(first_req)};
-    load_tile<kSparse>(a, cc, resolve_row<kSparse>(a, pv, cc), kv_s, valid_s);
+    Cursor cc{first_req, first_j, lens.tiles(first_req)};
+    load_tile<kSparse>(a, cc, resolve_row<kSparse>(a, lens, cc), kv_s, valid_s);
     load_q_smem<kSparse>(a, cc.b, m_tile, q_s);
     cp_async_commit();
     Cursor nc = cc;  // the next tile, its rows resolved one iteration ahead
     RowRaw nraw{0, 0};
     if (lo + 1 < hi) {
-        nc.advance(pv);
-        nraw = resolve_row<kSparse>(a, pv, nc);
+        nc.advance(lens);
+        nraw = resolve_row<kSparse>(a, lens, nc);
     }
 
     float o[Cfg::kONTiles][4];
@@ -319,7 +387,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
                 } else {
                     const int m = m_tile * Cfg::kBlockM + g + 8 * hf;
                     const int i = m / a.num_heads;
-                    row_lim[hf] = pv.lens[cc.b] - a.q_len + i + 1;
+                    row_lim[hf] = lens.len(cc.b) - a.q_len + i + 1;
                 }
                 m_run[hf] = -INFINITY;
                 l_run[hf] = 0.f;
@@ -340,8 +408,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
             load_tile<kSparse>(a, nc, nraw, kv_s + (stage ^ 1) * Cfg::kKvStageBytes, valid_s + (stage ^ 1) * Cfg::kBlockN);
             if (next_seg) load_q_smem<kSparse>(a, nc.b, m_tile, q_s);
             if (x + 2 < hi) {
-                n2.advance(pv);
-                n2raw = resolve_row<kSparse>(a, pv, n2);
+                n2.advance(lens);
+                n2raw = resolve_row<kSparse>(a, lens, n2);
             }
         }
         cp_async_commit();
@@ -561,8 +629,8 @@ __device__ __forceinline__ void fold_pieces(const DecodeArgs& a, int req_first, 
     }
 }
 
-// Merge the pieces of split requests. CTA (k, m): the k-th split request of the plan's
-// list, query row m. Its warps fold every kCombineWarps-th piece (lane owns 16 of the 512
+// Merge the pieces of split requests. CTA (k, m): the k-th split request (in request
+// order; found from the lengths like decode's split), query row m. Its warps fold every kCombineWarps-th piece (lane owns 16 of the 512
 // dims), then warp 0 merges the folds in warp order: the result does not depend on timing.
 // When the schedule expects few pieces per request (combine_rows = 8), CTA (k, g) instead
 // merges rows 8g..8g+7, a warp per row over all pieces (8x fewer CTAs; ncu showed the
@@ -575,13 +643,32 @@ __global__ void __launch_bounds__(kCombineWarps * 32, 1) combine_kernel(const De
     __shared__ float red_max[kCombineWarps];
     __shared__ float red_w[kCombineWarps];
     __shared__ float4 red_o[kCombineWarps][kLatentDim / 4];
-    const PlanView pv(a.plan, a.batch, a.num_parts);
+    __shared__ int scratch[2 * kCombineWarps + 4];  // two scans' warp sums, then the result
+    int* found_s = scratch + 2 * kCombineWarps;
+    const Lens lens{a.lens, a.max_len};
     const int k = blockIdx.x;
     const int m = blockIdx.y;  // row (combine_rows == 1) or group of combine_rows rows
-    const int count = pv.header[4];
-    const int4 e = reinterpret_cast<const int4*>(pv.splits)[k];  // loaded alongside count
-    if (k >= count) return;
-    const int r = e.x, first = e.y, last = e.z, first_tail = e.w;
+    // The k-th split request, in request order, from the lengths (as decode split them).
+    constexpr int kT = kCombineWarps * 32;
+    const int chunk = split_chunk(total_tiles<kT>(a, lens, false, scratch), a.num_parts);
+    int count = 0;  // split requests before this round of requests
+    const bool found = scan_requests<kT>(a, lens, scratch, [&](bool valid, int b, int start, int t) {
+        const int first = start / chunk, last = (start + t - 1) / chunk;
+        const int split = valid && first != last ? 1 : 0;
+        int n;
+        const int idx = count + block_inclusive_sum<kT>(split, scratch + kCombineWarps, &n) - split;
+        count += n;
+        const bool mine = split && idx == k;
+        if (mine) {
+            found_s[0] = b;
+            found_s[1] = first;
+            found_s[2] = last;
+            found_s[3] = start != first * chunk ? 1 : 0;  // b is not part `first`'s first request
+        }
+        return mine;
+    });
+    if (!found) return;
+    const int r = found_s[0], first = found_s[1], last = found_s[2], first_tail = found_s[3];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (a.combine_rows > 1) {  // few pieces per request: warp w merges row m + w alone
         const int mw = m * a.combine_rows + warp;

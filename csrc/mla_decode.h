@@ -11,7 +11,7 @@
  *     current on the calling thread; nothing is global.
  *   - Strides are in ELEMENTS unless the name ends in _bytes. The last dimension of
  *     every tensor is contiguous.
- *   - No call allocates device memory or synchronizes the host: plan and decode
+ *   - No call allocates device memory or synchronizes the host: decode
  *     calls can be captured in a CUDA graph.
  *   - Every function returns an mla_status_t. Values >= MLA_STATUS_CUDA_BASE are
  *     MLA_STATUS_CUDA_BASE + the cudaError_t that a CUDA runtime call returned.
@@ -70,7 +70,7 @@ typedef enum {
 
 /* ---- schedule: host-side launch decisions, made once per shape ------------------ */
 /* A schedule fixes the grid of the decode kernels for one problem shape on one
- * device. It is plain data: keep it with the plan buffer it sized. */
+ * device. It is plain data: keep it with the workspace it sized. */
 typedef struct {
     int32_t batch;          /* dense: requests; sparse: query tokens T */
     int32_t q_len;          /* dense: 1..=8; sparse: 1 */
@@ -83,27 +83,23 @@ typedef struct {
     int32_t sm_count;
     int32_t sm120_occupancy;/* 1: smem request padded so that an sm_90 SM holds as few CTAs as an sm_120 SM */
     int32_t device;         /* CUDA device ordinal the schedule was made for */
-    int32_t pdl;            /* programmatic dependent launch (sm_90+): 0 off; bit 0 on; bit 1 the plan,
-                               bit 2 the decode kernel trigger their successor early */
+    int32_t pdl;            /* programmatic dependent launch (sm_90+): 0 off; bit 0 on (the combine
+                               kernel's launch overlaps decode); bit 2 decode triggers it early */
 } mla_schedule_t;
 
 /* Fill *s for a problem shape on the current device. max_len <= INT32_MAX - 31 and
- * batch * ceil(max_len / 32) <= INT32_MAX (the plan counts 32-row tiles in int32). */
+ * batch * ceil(max_len / 32) <= INT32_MAX (the split counts 32-row tiles in int32). */
 mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int32_t q_len, int32_t num_heads,
                                int32_t max_len, int32_t sm120_occupancy);
 
-/* Device bytes of the plan buffer (int32) and the split workspace (fp32) a schedule needs.
- * Both must be 256-byte aligned (any cudaMalloc is). */
-size_t mla_plan_bytes(const mla_schedule_t* s);
+/* Device bytes of the split workspace (fp32) a schedule needs; 256-byte aligned (any
+ * cudaMalloc is). Calls that share a workspace must run in stream order. */
 size_t mla_workspace_bytes(const mla_schedule_t* s);
 
-/* Compute the split plan on the device from per-request lengths.
- * lens: [batch] int32 device array (dense: seq_lens; sparse: topk_len), or NULL for
- *   "every row has max_len". Dense lengths are clamped to [0, max_len]; with
- *   check_lens != 0 a negative or too-large length records a fault (dense), with
- *   check_lens == 0 it is clamped silently (sparse topk_len). */
-mla_status_t mla_plan(const mla_schedule_t* s, const int32_t* lens, int32_t check_lens, int32_t* plan,
-                      uint32_t* error_flag, void* stream);
+/* There is no planning call: every decode call derives the split-KV schedule in each of
+ * its CTAs from the lengths it is given (a scan of batch int32 values), so a decode step
+ * is one decode call per layer, and a CUDA graph replays it with whatever the length and
+ * table buffers hold at replay time. */
 
 /* ---- dense paged decode --------------------------------------------------------- */
 typedef struct {
@@ -127,9 +123,10 @@ typedef struct {
     int64_t lse_token_stride, lse_head_stride;
     float softmax_scale;
     mla_dtype_t dtype;
-    /* plan (from mla_plan over seq_lens) and workspace sized by the same schedule */
-    const int32_t* plan;
-    float* workspace;
+    /* seq_lens [batch] int32: cache rows of each request, clamped to [0, max_len]; a negative
+     * or too-large value records a fault (codes 2, 3) */
+    const int32_t* seq_lens;
+    float* workspace;     /* mla_workspace_bytes(s) */
     uint32_t* error_flag; /* may be NULL */
 } mla_dense_params_t;
 
@@ -154,8 +151,8 @@ typedef struct {
     int64_t lse_token_stride, lse_head_stride;
     float softmax_scale;
     mla_dtype_t dtype;
-    const int32_t* plan;     /* mla_plan over topk_len (or NULL lens) with max_len = topk */
-    float* workspace;
+    const int32_t* topk_len; /* [T] valid entries of each indices row, clamped to [0, topk] silently; NULL: topk */
+    float* workspace;        /* mla_workspace_bytes(s) */
     uint32_t* error_flag;
 } mla_sparse_params_t;
 

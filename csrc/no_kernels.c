@@ -7,13 +7,7 @@ mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int32_t q_len, 
     (void)s; (void)batch; (void)q_len; (void)num_heads; (void)max_len; (void)sm120_occupancy;
     return MLA_STATUS_NOT_BUILT;
 }
-size_t mla_plan_bytes(const mla_schedule_t* s) { (void)s; return 0; }
 size_t mla_workspace_bytes(const mla_schedule_t* s) { (void)s; return 0; }
-mla_status_t mla_plan(const mla_schedule_t* s, const int32_t* lens, int32_t check_lens, int32_t* plan,
-                      uint32_t* error_flag, void* stream) {
-    (void)s; (void)lens; (void)check_lens; (void)plan; (void)error_flag; (void)stream;
-    return MLA_STATUS_NOT_BUILT;
-}
 mla_status_t mla_dense_decode(const mla_schedule_t* s, const mla_dense_params_t* p, void* stream) {
     (void)s; (void)p; (void)stream;
     return MLA_STATUS_NOT_BUILT;

@@ -192,7 +192,6 @@ fn measure_row(gpu: &mut Gpu, w: &mut dyn Workload, copy_gbps: f64) -> Res<Row> 
         meta: w.meta().clone(),
         sm120_occupancy: false,
         us: timing.us,
-        layer_us: timing.layer_us,
         graph_us: timing.graph_us,
         accuracy: Some(accuracy),
         copy_gbps,

@@ -9,9 +9,9 @@
 //! same random inputs, the same way of keeping them out of L2 (`--flush`).
 //!
 //! No NVTX ranges: cudarc's `nvtx` feature is not enabled in this crate's Cargo.toml, so
-//! select kernels with ncu's `-k regex:decode_kernel` (or `combine_kernel`, `plan_kernel`,
-//! `gather_kernel`) or `--launch-skip N --launch-count M`. The timed runs are bracketed by
-//! cuProfilerStart/Stop, so `ncu --profile-from-start off` and
+//! select kernels with ncu's `-k regex:decode_kernel` (or `combine_kernel`, `gather_kernel`)
+//! or `--launch-skip N --launch-count M`. The timed runs are bracketed by cuProfilerStart/Stop,
+//! so `ncu --profile-from-start off` and
 //! `nsys profile --capture-range=cudaProfilerApi` skip the setup and the warm-up.
 
 #[path = "../benches/common/mod.rs"]
@@ -42,7 +42,7 @@ usage: profile --case SPEC [--iters N] [--warmup N] [--sm120-occupancy]
                        (default; the gather gets the memset), or a memset of
                        max(2 x L2, 256 MiB) before each run
 
-Each run is one step as the bench times it (plan update + decode + combine; the gather
+Each run is one step as the bench times it (one decode call: decode + combine; the gather
 alone for gather cases), inputs out of L2 as --flush says. Prints the schedule and the
 median. (ncu flushes the caches before each profiled kernel itself, unless
 --cache-control none.)
@@ -51,7 +51,7 @@ Nsight Compute, one decode kernel launch with the GPU's own clocks:
   cargo build --release --example profile
   ncu --clock-control none --set full -k regex:decode_kernel -c 1 -o mla \\
       target/release/examples/profile --case sparse:t=128,h=8,k=2048,dtype=bf16
-Other kernels: -k regex:combine_kernel, plan_kernel, gather_kernel; or --launch-skip N
+Other kernels: -k regex:combine_kernel, gather_kernel; or --launch-skip N
 --launch-count M. Only the timed runs: add --profile-from-start off.
 Nsight Systems: nsys profile --capture-range=cudaProfilerApi target/release/examples/profile ...";
 

@@ -61,22 +61,19 @@ static float time_ms(F f, int iters) {
     return ts[ts.size() / 2];
 }
 
-// Median time of: the calls as launched, their CUDA-graph replay, and each part alone.
-template <typename P, typename D>
-static void breakdown(P plan, D dec, double bytes, double flops) {
-    float ms = time_ms([&] { plan(); dec(); }, 50);
-    float ms_plan = time_ms([&] { plan(); }, 50);
-    float ms_dec = time_ms([&] { dec(); }, 50);
+// Median time of: the decode call (decode + combine) as launched, and its CUDA-graph replay.
+template <typename D>
+static void breakdown(D dec, double bytes, double flops) {
+    float ms = time_ms([&] { dec(); }, 50);
     cudaGraph_t g;
     cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(g_st, cudaStreamCaptureModeGlobal));
-    plan();
     dec();
     CK(cudaStreamEndCapture(g_st, &g));
     CK(cudaGraphInstantiate(&ge, g, 0));
     float ms_g = time_ms([&] { CK(cudaGraphLaunch(ge, g_st)); }, 50);
-    printf("  %.1f us (graph %.1f, plan %.1f, decode+combine %.1f)  %.0f GB/s  %.1f TFLOP/s", ms * 1e3, ms_g * 1e3,
-           ms_plan * 1e3, ms_dec * 1e3, bytes / ms / 1e6, flops / ms / 1e9);
+    printf("  %.1f us (graph %.1f)  %.0f GB/s  %.1f TFLOP/s", ms * 1e3, ms_g * 1e3, bytes / ms / 1e6,
+           flops / ms / 1e9);
     CK(cudaGraphExecDestroy(ge));
     CK(cudaGraphDestroy(g));
 }
@@ -101,7 +98,7 @@ static double run_dense(int batch, int q_len, int heads, int bs, int L, bool var
 
     mla_schedule_t s;
     MK(mla_schedule_init(&s, batch, q_len, heads, max_blocks * bs, occ));
-    void *d_cache, *d_q, *d_out, *d_plan, *d_ws;
+    void *d_cache, *d_q, *d_out, *d_ws;
     int *d_table, *d_seq;
     float* d_lse;
     uint32_t* d_flag;
@@ -112,7 +109,6 @@ static double run_dense(int batch, int q_len, int heads, int bs, int L, bool var
     CK(cudaMalloc(&d_lse, (size_t)batch * q_len * heads * 4));
     CK(cudaMalloc(&d_table, table.size() * 4));
     CK(cudaMalloc(&d_seq, batch * 4));
-    CK(cudaMalloc(&d_plan, mla_plan_bytes(&s)));
     CK(cudaMalloc(&d_ws, mla_workspace_bytes(&s)));
     CK(cudaMalloc(&d_flag, 16));
     CK(cudaMemset(d_flag, 0, 16));
@@ -143,11 +139,10 @@ static double run_dense(int batch, int q_len, int heads, int bs, int L, bool var
     p.lse_head_stride = 1;
     p.softmax_scale = scale;
     p.dtype = MLA_DTYPE_BF16;
-    p.plan = (int*)d_plan;
+    p.seq_lens = d_seq;
     p.workspace = (float*)d_ws;
     p.error_flag = d_flag;
     CK(cudaDeviceSynchronize());
-    MK(mla_plan(&s, d_seq, 1, (int*)d_plan, d_flag, g_st));
     MK(mla_dense_decode(&s, &p, g_st));
     CK(cudaDeviceSynchronize());
     std::vector<__nv_bfloat16> out(out_elems);
@@ -208,12 +203,11 @@ static double run_dense(int batch, int q_len, int heads, int bs, int L, bool var
     if (timeit) {
         const double bytes = (double)batch * L * 1152 + q.size() * 2 + out_elems * 2;
         const double flops = 2.0 * batch * q_len * heads * (double)L * 1088;
-        breakdown([&] { MK(mla_plan(&s, d_seq, 1, (int*)d_plan, d_flag, g_st)); },
-                  [&] { MK(mla_dense_decode(&s, &p, g_st)); }, bytes, flops);
+        breakdown([&] { MK(mla_dense_decode(&s, &p, g_st)); }, bytes, flops);
     }
     printf("\n");
     cudaFree(d_cache); cudaFree(d_q); cudaFree(d_out); cudaFree(d_lse); cudaFree(d_table); cudaFree(d_seq);
-    cudaFree(d_plan); cudaFree(d_ws); cudaFree(d_flag);
+    cudaFree(d_ws); cudaFree(d_flag);
     return std::max(worst, worst_lse);
 }
 
@@ -238,7 +232,7 @@ static double run_sparse(int T, int heads, int topk, int pool, bool holes, int o
     const float scale = 1.f / 16.f;
     mla_schedule_t s;
     MK(mla_schedule_init(&s, T, 1, heads, topk, occ));
-    void *d_cache, *d_q, *d_out, *d_plan, *d_ws;
+    void *d_cache, *d_q, *d_out, *d_ws;
     int* d_idx;
     float* d_lse;
     const size_t out_elems = (size_t)T * heads * 512;
@@ -247,7 +241,6 @@ static double run_sparse(int T, int heads, int topk, int pool, bool holes, int o
     CK(cudaMalloc(&d_out, out_elems * 2));
     CK(cudaMalloc(&d_lse, (size_t)T * heads * 4));
     CK(cudaMalloc(&d_idx, idx.size() * 4));
-    CK(cudaMalloc(&d_plan, mla_plan_bytes(&s)));
     CK(cudaMalloc(&d_ws, mla_workspace_bytes(&s)));
     CK(cudaMemcpy(d_cache, cache.data(), cache_elems * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d_q, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
@@ -273,10 +266,9 @@ static double run_sparse(int T, int heads, int topk, int pool, bool holes, int o
     p.lse_head_stride = 1;
     p.softmax_scale = scale;
     p.dtype = MLA_DTYPE_BF16;
-    p.plan = (int*)d_plan;
+    p.topk_len = nullptr;
     p.workspace = (float*)d_ws;
     CK(cudaDeviceSynchronize());
-    MK(mla_plan(&s, nullptr, 0, (int*)d_plan, nullptr, g_st));
     MK(mla_sparse_decode(&s, &p, g_st));
     CK(cudaDeviceSynchronize());
     std::vector<__nv_bfloat16> out(out_elems);
@@ -327,11 +319,10 @@ static double run_sparse(int T, int heads, int topk, int pool, bool holes, int o
     if (timeit) {
         const double bytes = (double)T * topk * 1152 + q.size() * 2 + out_elems * 2 + idx.size() * 4;
         const double flops = 2.0 * T * heads * (double)topk * 1088;
-        breakdown([&] { MK(mla_plan(&s, nullptr, 0, (int*)d_plan, nullptr, g_st)); },
-                  [&] { MK(mla_sparse_decode(&s, &p, g_st)); }, bytes, flops);
+        breakdown([&] { MK(mla_sparse_decode(&s, &p, g_st)); }, bytes, flops);
     }
     printf("\n");
-    cudaFree(d_cache); cudaFree(d_q); cudaFree(d_out); cudaFree(d_lse); cudaFree(d_idx); cudaFree(d_plan);
+    cudaFree(d_cache); cudaFree(d_q); cudaFree(d_out); cudaFree(d_lse); cudaFree(d_idx);
     cudaFree(d_ws);
     return std::max(worst, worst_lse);
 }

@@ -2,13 +2,13 @@
 
 use std::ffi::c_void;
 
-use cudarc::driver::{CudaStream, SyncOnDrop};
+use cudarc::driver::{CudaStream, CudaView, SyncOnDrop};
 
 use crate::device::{bind_flag, ErrorFlag};
 use crate::error::{check, Result};
 use crate::ffi;
 use crate::plan::{ordinal, DecodePlan};
-use crate::tensor::{BlockTable, BoundQuery, KvCache, Lse, Output, Query, SparseIndices};
+use crate::tensor::{bind, BlockTable, BoundQuery, KvCache, Lse, Output, Query, SparseIndices};
 use crate::types::Element;
 use crate::validate::{self, Buf, CacheDesc, Rows};
 
@@ -20,7 +20,7 @@ struct Common<'s> {
     out: (u64, Rows, SyncOnDrop<'s>),
     lse: Option<(u64, Rows, SyncOnDrop<'s>)>,
     flag: (u64, Option<Buf>, Option<SyncOnDrop<'s>>),
-    plan: (u64, u64, SyncOnDrop<'s>, SyncOnDrop<'s>),
+    workspace: (u64, SyncOnDrop<'s>),
 }
 
 impl<'s> Common<'s> {
@@ -39,7 +39,7 @@ impl<'s> Common<'s> {
             out: out.bind(stream),
             lse: lse.map(|l| l.bind(stream)),
             flag: bind_flag(error_flag, stream),
-            plan: plan.bind(stream),
+            workspace: plan.bind(stream),
         }
     }
 
@@ -53,8 +53,10 @@ impl<'s> Common<'s> {
 /// Dense paged decode: `out[t, h] = softmax(scale · q[t, h] · kv[s]) · kv[s, ..512]` over the
 /// slots of request `t / q_len` visible to query `t % q_len` (causal), optionally `lse[t, h]`.
 ///
-/// `plan` must be a dense plan updated with this step's seq_lens; tokens are
-/// `batch · q_len` of the plan's shape. Checks every argument before launching; allocates
+/// `seq_lens[batch]` are this step's cache rows per request, clamped to
+/// `0..=max_blocks_per_seq · block_size`; a negative or too-large length is recorded in
+/// `error_flag`. The split of the work is derived from them inside the call. `plan` must be
+/// a dense plan; tokens are `batch · q_len` of its shape. Checks every argument before launching; allocates
 /// nothing and does not synchronize (graph-capturable).
 #[allow(clippy::too_many_arguments)]
 pub fn dense_decode<T: Element>(
@@ -63,6 +65,7 @@ pub fn dense_decode<T: Element>(
     q: &Query<T>,
     kv_cache: &KvCache<T>,
     block_table: &BlockTable,
+    seq_lens: &CudaView<i32>,
     out: &mut Output<T>,
     lse: Option<&mut Lse>,
     softmax_scale: f32,
@@ -70,6 +73,7 @@ pub fn dense_decode<T: Element>(
 ) -> Result<()> {
     let c = Common::bind(stream, plan, q, kv_cache, out, lse, error_flag);
     let (bt, table, _g_bt) = block_table.bind(stream);
+    let (lens, lens_buf, _g_lens) = bind(seq_lens, stream);
     validate::dense(&validate::DenseCall {
         device: ordinal(stream),
         dtype: T::DTYPE,
@@ -77,6 +81,7 @@ pub fn dense_decode<T: Element>(
         q: c.q.desc,
         kv_cache: c.kv.1,
         block_table: table,
+        seq_lens: lens_buf,
         out: c.out.1,
         lse: c.lse.as_ref().map(|l| l.1),
         softmax_scale,
@@ -105,8 +110,8 @@ pub fn dense_decode<T: Element>(
         lse_head_stride: lse_hs,
         softmax_scale,
         dtype: T::DTYPE.to_ffi(),
-        plan: c.plan.0 as *const i32,
-        workspace: c.plan.1 as *mut f32,
+        seq_lens: lens as *const i32,
+        workspace: c.workspace.0 as *mut f32,
         error_flag: c.flag.0 as *mut u32,
     };
     stream.context().bind_to_thread()?;
@@ -120,11 +125,10 @@ pub fn dense_decode<T: Element>(
 }
 
 /// Sparse (DSA top-k) decode: `out[t, h]` attends over the cache slots listed in
-/// `indices[t, ..topk]` (global slot ids, `-1` = none; only the first `topk_len[t]` if the
-/// plan was updated with `topk_len`). A duplicated id counts once per entry.
+/// `indices[t, ..topk]` (global slot ids, `-1` = none; only the first `topk_len[t]` when
+/// `topk_len` is given, clamped to `0..=topk`). A duplicated id counts once per entry.
 ///
-/// `plan` must be a sparse plan updated for this step (`update_sparse`); tokens are the
-/// plan's `num_tokens`. Checks every argument before launching; allocates nothing and does
+/// `plan` must be a sparse plan; tokens are its `num_tokens`. Checks every argument before launching; allocates nothing and does
 /// not synchronize (graph-capturable).
 #[allow(clippy::too_many_arguments)]
 pub fn sparse_decode<T: Element>(
@@ -133,6 +137,7 @@ pub fn sparse_decode<T: Element>(
     q: &Query<T>,
     kv_cache: &KvCache<T>,
     indices: &SparseIndices,
+    topk_len: Option<&CudaView<i32>>,
     out: &mut Output<T>,
     lse: Option<&mut Lse>,
     softmax_scale: f32,
@@ -140,6 +145,8 @@ pub fn sparse_decode<T: Element>(
 ) -> Result<()> {
     let c = Common::bind(stream, plan, q, kv_cache, out, lse, error_flag);
     let (ix, ix_desc, _g_ix) = indices.bind(stream);
+    let bound_len = topk_len.map(|v| bind(v, stream));
+    let topk_lens = bound_len.as_ref().map_or(0, |b| b.0);
     validate::sparse(&validate::SparseCall {
         device: ordinal(stream),
         dtype: T::DTYPE,
@@ -147,6 +154,7 @@ pub fn sparse_decode<T: Element>(
         q: c.q.desc,
         kv_cache: c.kv.1,
         indices: ix_desc,
+        topk_len: bound_len.as_ref().map(|b| b.1),
         out: c.out.1,
         lse: c.lse.as_ref().map(|l| l.1),
         softmax_scale,
@@ -175,8 +183,8 @@ pub fn sparse_decode<T: Element>(
         lse_head_stride: lse_hs,
         softmax_scale,
         dtype: T::DTYPE.to_ffi(),
-        plan: c.plan.0 as *const i32,
-        workspace: c.plan.1 as *mut f32,
+        topk_len: topk_lens as *const i32,
+        workspace: c.workspace.0 as *mut f32,
         error_flag: c.flag.0 as *mut u32,
     };
     stream.context().bind_to_thread()?;

@@ -131,9 +131,9 @@ mod tests {
         assert_eq!(status_to_result("f", 4), Err(Error::KernelsNotBuilt));
         assert_eq!(status_to_result("f", 3), Err(Error::NoDevice));
         assert_eq!(
-            status_to_result("mla_plan", 1002),
+            status_to_result("mla_dense_decode", 1002),
             Err(Error::Cuda {
-                call: "mla_plan",
+                call: "mla_dense_decode",
                 code: 2
             })
         );

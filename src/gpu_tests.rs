@@ -1,7 +1,7 @@
 //! GPU tests of the safe layer's plumbing (`#[ignore]`d: run with `--include-ignored` on a
 //! GPU). Small cases whose answers follow from the inputs by hand: cache rows that are
 //! constant across their 576 dims, so that a score is `scale · c · Σq`. They check that
-//! pointers, strides, plans, the error flag and validation reach the kernels as meant;
+//! pointers, strides, lengths, plans, the error flag and validation reach the kernels as meant;
 //! numerical accuracy is the correctness tests' business.
 
 use std::sync::Arc;
@@ -108,36 +108,42 @@ fn gpu_dense_plumbing() {
         block_size: 16,
         max_blocks_per_seq: 2,
     };
-    let mut plan = DecodePlan::dense(&stream, shape, PlanOptions::default()).unwrap();
+    let plan = DecodePlan::dense(&stream, shape, PlanOptions::default()).unwrap();
     let scale = 1.0 / 16.0;
     let kv = KvCache::contiguous(cache.as_view(), 16);
     assert_eq!(kv.num_blocks(), num_blocks);
     let bt = BlockTable::new(table.as_view(), 1, 2);
 
-    // Validation with real views: a plan never updated, a misaligned q.
+    // Validation with real views: seq_lens shorter than the batch, a misaligned q.
     let err = dense_decode(
         &stream,
         &plan,
         &Query::contiguous(q.as_view(), heads),
         &kv,
         &bt,
+        &seq_lens.slice(0..0),
         &mut Output::strided(out.as_view_mut(), heads * 640, 640),
         None,
         scale,
         None,
     );
     assert!(
-        matches!(err, Err(Error::InvalidArgument { arg: "plan", .. })),
+        matches!(
+            err,
+            Err(Error::InvalidArgument {
+                arg: "seq_lens",
+                ..
+            })
+        ),
         "{err:?}"
     );
-    plan.update_dense(&stream, &seq_lens.as_view(), Some(&flag))
-        .unwrap();
     let err = dense_decode(
         &stream,
         &plan,
         &Query::strided(q.slice(1..), HEAD_DIM, HEAD_DIM),
         &kv,
         &bt,
+        &seq_lens.as_view(),
         &mut Output::strided(out.as_view_mut(), heads * 640, 640),
         None,
         scale,
@@ -154,6 +160,7 @@ fn gpu_dense_plumbing() {
         &Query::contiguous(q.as_view(), heads),
         &kv,
         &bt,
+        &seq_lens.as_view(),
         &mut Output::strided(out.as_view_mut(), heads * 640, 640),
         Some(&mut Lse::contiguous(lse.as_view_mut(), heads)),
         scale,
@@ -182,8 +189,6 @@ fn gpu_dense_plumbing() {
     // A block id outside the cache: skipped, and recorded in the flag.
     let bad_table = stream.clone_htod(&[2i32, 99]).unwrap();
     let lens = stream.clone_htod(&[20i32]).unwrap();
-    plan.update_dense(&stream, &lens.as_view(), Some(&flag))
-        .unwrap();
     let mut out2 = stream.alloc_zeros::<bf16>(heads * LATENT_DIM).unwrap();
     dense_decode(
         &stream,
@@ -191,6 +196,7 @@ fn gpu_dense_plumbing() {
         &Query::contiguous(q.as_view(), heads),
         &kv,
         &BlockTable::new(bad_table.as_view(), 1, 2),
+        &lens.as_view(),
         &mut Output::contiguous(out2.as_view_mut(), heads),
         None,
         scale,
@@ -247,23 +253,50 @@ fn gpu_sparse_plumbing() {
         num_heads: heads,
         topk,
     };
-    let mut plan = DecodePlan::sparse(&stream, shape, PlanOptions::default()).unwrap();
-    plan.update_sparse(&stream, Some(&topk_len.as_view()))
-        .unwrap();
+    let plan = DecodePlan::sparse(&stream, shape, PlanOptions::default()).unwrap();
     let scale = 0.1f32;
+    let q = Query::split(
+        nope.as_view(),
+        heads * LATENT_DIM,
+        LATENT_DIM,
+        rope.as_view(),
+        heads * ROPE_DIM,
+        ROPE_DIM,
+    );
+    let kv = KvCache::contiguous(cache.as_view(), 16);
+    let indices = SparseIndices::contiguous(ids.as_view(), topk);
+
+    // Validation with real views: topk_len shorter than the tokens.
+    let err = sparse_decode(
+        &stream,
+        &plan,
+        &q,
+        &kv,
+        &indices,
+        Some(&topk_len.slice(0..1)),
+        &mut Output::contiguous(out.as_view_mut(), heads),
+        None,
+        scale,
+        None,
+    );
+    assert!(
+        matches!(
+            err,
+            Err(Error::InvalidArgument {
+                arg: "topk_len",
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+
     sparse_decode(
         &stream,
         &plan,
-        &Query::split(
-            nope.as_view(),
-            heads * LATENT_DIM,
-            LATENT_DIM,
-            rope.as_view(),
-            heads * ROPE_DIM,
-            ROPE_DIM,
-        ),
-        &KvCache::contiguous(cache.as_view(), 16),
-        &SparseIndices::contiguous(ids.as_view(), topk),
+        &q,
+        &kv,
+        &indices,
+        Some(&topk_len.as_view()),
         &mut Output::contiguous(out.as_view_mut(), heads),
         Some(&mut Lse::strided(lse.as_view_mut(), 1, tokens)),
         scale,

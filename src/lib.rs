@@ -55,16 +55,15 @@
 //!
 //!     // Once per shape.
 //!     let shape = DenseShape { batch, q_len: 1, num_heads: heads, block_size, max_blocks_per_seq: max_blocks };
-//!     let mut plan = DecodePlan::dense(&stream, shape, PlanOptions::default())?;
-//!     // Once per decode step.
-//!     plan.update_dense(&stream, &seq_lens.as_view(), Some(&flag))?;
-//!     // Once per layer.
+//!     let plan = DecodePlan::dense(&stream, shape, PlanOptions::default())?;
+//!     // Once per layer (the split of the work is derived from seq_lens inside the call).
 //!     dense_decode(
 //!         &stream,
 //!         &plan,
 //!         &Query::contiguous(q.as_view(), heads),
 //!         &KvCache::contiguous(cache.as_view(), block_size),
 //!         &BlockTable::new(table.as_view(), batch, max_blocks),
+//!         &seq_lens.as_view(),
 //!         &mut Output::contiguous(out.as_view_mut(), heads),
 //!         Some(&mut Lse::contiguous(lse.as_view_mut(), heads)),
 //!         cfg.softmax_scale(),

@@ -436,8 +436,8 @@ impl<'a> BlockTable<'a> {
 /// Sparse indices `[tokens, stride]` int32 of global slot ids (`-1` = none), `topk` used per
 /// row.
 ///
-/// Per-row lengths (`topk_len`) are not part of the indices: they enter the split plan, via
-/// [`DecodePlan::update_sparse`](crate::DecodePlan::update_sparse).
+/// Per-row lengths (`topk_len`) are not part of the indices: they are a separate argument of
+/// [`sparse_decode`](crate::sparse_decode).
 #[derive(Debug)]
 pub struct SparseIndices<'a> {
     view: CudaView<'a, i32>,

@@ -95,8 +95,6 @@ pub struct PlanDesc {
     pub kind: PlanKind,
     /// Device ordinal of its schedule.
     pub device: usize,
-    /// Whether `update_*` ran at least once.
-    pub updated: bool,
 }
 
 /// Every argument of a dense decode.
@@ -114,6 +112,8 @@ pub struct DenseCall {
     pub kv_cache: CacheDesc,
     /// `block_table`.
     pub block_table: TableDesc,
+    /// `seq_lens` (i32, `batch` values).
+    pub seq_lens: Buf,
     /// `out` (512 wide).
     pub out: Rows,
     /// `lse` (f32), if requested.
@@ -139,6 +139,8 @@ pub struct SparseCall {
     pub kv_cache: CacheDesc,
     /// `indices`.
     pub indices: IndicesDesc,
+    /// `topk_len` (i32, `num_tokens` values), if given.
+    pub topk_len: Option<Buf>,
     /// `out` (512 wide).
     pub out: Rows,
     /// `lse` (f32), if requested.
@@ -554,23 +556,18 @@ fn plan_device(p: &PlanDesc, device: usize) -> Result<()> {
     Ok(())
 }
 
-fn dense_plan(p: &PlanDesc, device: usize, updating: bool) -> Result<DenseShape> {
+fn dense_plan(p: &PlanDesc, device: usize) -> Result<DenseShape> {
     plan_device(p, device)?;
     match p.kind {
-        PlanKind::Dense(s) if p.updated || updating => Ok(s),
-        PlanKind::Dense(_) => Err(bad(
-            "plan",
-            "never updated: call update_dense with this step's seq_lens first",
-        )),
+        PlanKind::Dense(s) => Ok(s),
         PlanKind::Sparse(_) => Err(bad("plan", "a sparse plan, used for a dense call")),
     }
 }
 
-fn sparse_plan(p: &PlanDesc, device: usize, updating: bool) -> Result<SparseShape> {
+fn sparse_plan(p: &PlanDesc, device: usize) -> Result<SparseShape> {
     plan_device(p, device)?;
     match p.kind {
-        PlanKind::Sparse(s) if p.updated || updating => Ok(s),
-        PlanKind::Sparse(_) => Err(bad("plan", "never updated: call update_sparse first")),
+        PlanKind::Sparse(s) => Ok(s),
         PlanKind::Dense(_) => Err(bad("plan", "a dense plan, used for a sparse call")),
     }
 }
@@ -582,36 +579,15 @@ fn mismatch(what: &str, plan: usize, call: usize, source: &str) -> Error {
     )
 }
 
-/// Checks `DecodePlan::update_dense` (seq_lens holds `batch` values).
-pub fn dense_update(
-    p: &PlanDesc,
-    seq_lens: &Buf,
-    error_flag: Option<&Buf>,
-    device: usize,
-) -> Result<()> {
-    let s = dense_plan(p, device, true)?;
-    on_device("seq_lens", seq_lens, device)?;
-    holds("seq_lens", seq_lens, s.batch, 4, "the plan's batch")?;
-    flag(error_flag, device)
-}
-
-/// Checks `DecodePlan::update_sparse` (topk_len, if any, holds `num_tokens` values).
-pub fn sparse_update(p: &PlanDesc, topk_len: Option<&Buf>, device: usize) -> Result<()> {
-    let s = sparse_plan(p, device, true)?;
-    if let Some(b) = topk_len {
-        on_device("topk_len", b, device)?;
-        holds("topk_len", b, s.num_tokens, 4, "the plan's num_tokens")?;
-    }
-    Ok(())
-}
-
 /// Checks a dense decode.
 pub fn dense(c: &DenseCall) -> Result<()> {
-    let s = dense_plan(&c.plan, c.device, false)?;
+    let s = dense_plan(&c.plan, c.device)?;
     softmax_scale(c.softmax_scale)?;
     let elem = c.dtype.size_bytes();
     cache(&c.kv_cache, elem, c.device, false)?;
     table(&c.block_table, c.device)?;
+    on_device("seq_lens", &c.seq_lens, c.device)?;
+    holds("seq_lens", &c.seq_lens, s.batch, 4, "the plan's batch")?;
     if c.block_table.batch != s.batch {
         return Err(mismatch(
             "batch",
@@ -644,10 +620,14 @@ pub fn dense(c: &DenseCall) -> Result<()> {
 
 /// Checks a sparse decode.
 pub fn sparse(c: &SparseCall) -> Result<()> {
-    let s = sparse_plan(&c.plan, c.device, false)?;
+    let s = sparse_plan(&c.plan, c.device)?;
     softmax_scale(c.softmax_scale)?;
     let elem = c.dtype.size_bytes();
     cache(&c.kv_cache, elem, c.device, true)?;
+    if let Some(b) = &c.topk_len {
+        on_device("topk_len", b, c.device)?;
+        holds("topk_len", b, s.num_tokens, 4, "the plan's num_tokens")?;
+    }
     let ix = &c.indices;
     if ix.topk != s.topk {
         return Err(mismatch("topk", s.topk, ix.topk, "indices"));

@@ -284,8 +284,9 @@ fn dense_long_sequence_131077_rows() {
     check_outputs(&label, &got, &want, &heads);
 }
 
-/// One plan update, then the decode of two layers (different q and caches, same table), then
-/// layer 1 again: both layers match the reference and the repeat is bitwise identical.
+/// One plan and one seq_lens buffer used by the decode of two layers (different q and caches,
+/// same table), then layer 1 again: both layers match the reference and the repeat is bitwise
+/// identical.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn dense_plan_reused_by_two_layers() {
@@ -316,9 +317,7 @@ fn dense_plan_reused_by_two_layers() {
     );
     let (qd1, qd2) = (q1.upload(&stream), q2.upload(&stream));
     let flag = ErrorFlag::new(&stream).unwrap();
-    let mut plan = DecodePlan::dense(&stream, s1.shape(), default_plan()).unwrap();
-    plan.update_dense(&stream, &dev1.seq_lens.as_view(), Some(&flag))
-        .unwrap();
+    let plan = DecodePlan::dense(&stream, s1.shape(), default_plan()).unwrap();
 
     let mut outs = Vec::new();
     for (s, dev, qd) in [(&s1, &dev1, &qd1), (&s2, &dev2, &qd2), (&s1, &dev1, &qd1)] {
@@ -341,8 +340,8 @@ fn dense_plan_reused_by_two_layers() {
     );
 }
 
-/// Captures flag reset + plan update + decode in a CUDA graph, then changes seq_lens, the block
-/// table and q in place and replays: every replay matches the reference for the new values; a
+/// Captures flag reset + decode in a CUDA graph, then changes seq_lens, the block table and q
+/// in place (the same buffers: the graph reads them at replay) and replays: every replay matches the reference for the new values; a
 /// bad block id in a replay is recorded, and the next replay's captured reset clears it.
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -385,11 +384,9 @@ fn dense_cuda_graph_capture_and_replay() {
     let mut out = DevOut::random(&mut rng, &stream, s.tokens(), s.heads);
     let mut lse = DevLse::random(&mut rng, &stream, s.tokens(), s.heads);
     let flag = ErrorFlag::new(&stream).unwrap();
-    let mut plan = DecodePlan::dense(&stream, s.shape(), default_plan()).unwrap();
+    let plan = DecodePlan::dense(&stream, s.shape(), default_plan()).unwrap();
 
     // Warm-up outside the capture (first launches may set kernel attributes).
-    plan.update_dense(&stream, &dev.seq_lens.as_view(), Some(&flag))
-        .unwrap();
     dev.decode(
         &stream,
         &s,
@@ -410,8 +407,6 @@ fn dense_cuda_graph_capture_and_replay() {
         .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
         .unwrap();
     flag.reset(&stream).unwrap();
-    plan.update_dense(&stream, &dev.seq_lens.as_view(), Some(&flag))
-        .unwrap();
     dev.decode(
         &stream,
         &s,
@@ -504,13 +499,9 @@ fn dense_deterministic_bitwise() {
     let mut lse = DevLse::random(&mut rng, &stream, s.tokens(), s.heads);
     let mut runs = Vec::new();
     let mut plan = DecodePlan::dense(&stream, s.shape(), default_plan()).unwrap();
-    plan.update_dense(&stream, &dev.seq_lens.as_view(), Some(&flag))
-        .unwrap();
     for fresh_plan in [false, false, true] {
         if fresh_plan {
             plan = DecodePlan::dense(&stream, s.shape(), default_plan()).unwrap();
-            plan.update_dense(&stream, &dev.seq_lens.as_view(), Some(&flag))
-                .unwrap();
         }
         out.poison(&stream);
         lse.poison(&stream);
@@ -692,9 +683,7 @@ fn sanitize_dense_error_flag_reset_round_trip() {
     let qd = q.upload(&stream);
     let mut out = DevOut::random(&mut rng, &stream, s.tokens(), s.heads);
     let flag = ErrorFlag::new(&stream).unwrap();
-    let mut plan = DecodePlan::dense(&stream, s.shape(), default_plan()).unwrap();
-    plan.update_dense(&stream, &dev.seq_lens.as_view(), Some(&flag))
-        .unwrap();
+    let plan = DecodePlan::dense(&stream, s.shape(), default_plan()).unwrap();
     let ts = s.table_stride;
     let heads = all_heads(s.heads);
 

@@ -488,10 +488,7 @@ fn sparse_vs_dense<T: Half>(label: &str, rng: &mut Rng, stream: &Arc<CudaStream>
     let topk_len_dev = stream.clone_htod(s.topk_len.as_ref().unwrap()).unwrap();
     let flag = ErrorFlag::new(stream).unwrap();
 
-    let mut dense_plan = DecodePlan::dense(stream, d.shape(), default_plan()).unwrap();
-    dense_plan
-        .update_dense(stream, &dev.seq_lens.as_view(), Some(&flag))
-        .unwrap();
+    let dense_plan = DecodePlan::dense(stream, d.shape(), default_plan()).unwrap();
     let mut out_d = DevOut::random(rng, stream, tokens, heads);
     let mut lse_d = DevLse::random(rng, stream, tokens, heads);
     dev.decode(
@@ -506,10 +503,7 @@ fn sparse_vs_dense<T: Half>(label: &str, rng: &mut Rng, stream: &Arc<CudaStream>
     .unwrap();
     let dense_got = Outputs::read(stream, &out_d, Some(&lse_d), &flag);
 
-    let mut sparse_plan = DecodePlan::sparse(stream, s.shape(), default_plan()).unwrap();
-    sparse_plan
-        .update_sparse(stream, Some(&topk_len_dev.as_view()))
-        .unwrap();
+    let sparse_plan = DecodePlan::sparse(stream, s.shape(), default_plan()).unwrap();
     let mut out_s = DevOut::random(rng, stream, tokens, heads);
     let mut lse_s = DevLse::random(rng, stream, tokens, heads);
     {
@@ -520,6 +514,7 @@ fn sparse_vs_dense<T: Half>(label: &str, rng: &mut Rng, stream: &Arc<CudaStream>
             &qd.view(),
             &d.cache.view(&dev.cache), // the dense call's cache buffer
             &s.indices_view(&indices),
+            Some(&topk_len_dev.as_view()),
             &mut out_s.view(),
             Some(&mut lse_view),
             s.scale,
@@ -1136,7 +1131,7 @@ fn glm5_step<T: Half>(rng: &mut Rng, stream: &Arc<CudaStream>) {
     let kind = QKind::random(rng);
     let q = HostQuery::<T>::random(rng, kind, tokens, heads);
     let qd = q.upload(stream);
-    let mut plan = DecodePlan::sparse(
+    let plan = DecodePlan::sparse(
         stream,
         SparseShape {
             num_tokens: tokens,
@@ -1146,7 +1141,6 @@ fn glm5_step<T: Half>(rng: &mut Rng, stream: &Arc<CudaStream>) {
         default_plan(),
     )
     .unwrap();
-    plan.update_sparse(stream, None).unwrap();
     let mut out = DevOut::random(rng, stream, tokens, heads);
     let mut lse = DevLse::random(rng, stream, tokens, heads);
     {
@@ -1157,6 +1151,7 @@ fn glm5_step<T: Half>(rng: &mut Rng, stream: &Arc<CudaStream>) {
             &qd.view(),
             &d.cache.view(&dev.cache),
             &SparseIndices::strided(slots_dev.as_view(), topk, g.out_stride),
+            None,
             &mut out.view(),
             Some(&mut lse_view),
             scale,

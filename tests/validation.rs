@@ -67,7 +67,6 @@ fn dense() -> DenseCall {
         plan: PlanDesc {
             kind: PlanKind::Dense(dense_shape()),
             device: 0,
-            updated: true,
         },
         q: QueryDesc::Packed(rows(1, 4, HEAD_DIM, 2)),
         kv_cache: cache(),
@@ -77,6 +76,7 @@ fn dense() -> DenseCall {
             max_blocks_per_seq: 4,
             stride: 4,
         },
+        seq_lens: buf(8, 2 * 4),
         out: rows(4, 4, LATENT_DIM, 2),
         lse: Some(rows(5, 4, 1, 4)),
         softmax_scale: 0.0625,
@@ -92,7 +92,6 @@ fn sparse() -> SparseCall {
         plan: PlanDesc {
             kind: PlanKind::Sparse(sparse_shape()),
             device: 0,
-            updated: true,
         },
         q: QueryDesc::Split {
             nope: rows(1, 3, LATENT_DIM, 2),
@@ -104,6 +103,7 @@ fn sparse() -> SparseCall {
             topk: 2048,
             stride: 2048,
         },
+        topk_len: Some(buf(8, 3 * 4)),
         out: rows(4, 3, LATENT_DIM, 2),
         lse: None,
         softmax_scale: 0.1352,
@@ -453,10 +453,6 @@ fn plan_errors() {
     expect(validate::dense(&c), "plan", "device 1");
 
     let mut c = dense();
-    c.plan.updated = false;
-    expect(validate::dense(&c), "plan", "update_dense");
-
-    let mut c = dense();
     c.plan.kind = PlanKind::Sparse(sparse_shape());
     expect(validate::dense(&c), "plan", "sparse plan");
 
@@ -478,10 +474,6 @@ fn plan_errors() {
     expect(validate::sparse(&c), "plan", "dense plan");
 
     let mut c = sparse();
-    c.plan.updated = false;
-    expect(validate::sparse(&c), "plan", "update_sparse");
-
-    let mut c = sparse();
     c.indices.topk = 1024;
     expect(validate::sparse(&c), "plan", "topk 2048");
 }
@@ -500,53 +492,32 @@ fn softmax_scale_must_be_finite_and_positive() {
 }
 
 #[test]
-fn plan_update_errors() {
-    let dense_plan = dense().plan;
-    let sparse_plan = sparse().plan;
-    let lens = buf(1, 2 * 4);
-    assert_eq!(validate::dense_update(&dense_plan, &lens, None, 0), Ok(()));
-    expect(
-        validate::dense_update(&dense_plan, &buf(1, 4), None, 0),
-        "seq_lens",
-        "needs 2",
-    );
-    expect(
-        validate::dense_update(&dense_plan, &Buf { device: 1, ..lens }, None, 0),
-        "seq_lens",
-        "device 1",
-    );
-    expect(
-        validate::dense_update(&sparse_plan, &lens, None, 0),
-        "plan",
-        "sparse plan",
-    );
-    expect(
-        validate::dense_update(&dense_plan, &lens, None, 1),
-        "plan",
-        "device 0",
-    );
-    // A plan never updated may of course be updated.
-    let fresh = PlanDesc {
-        updated: false,
-        ..dense_plan
-    };
-    assert_eq!(validate::dense_update(&fresh, &lens, None, 0), Ok(()));
+fn lengths_errors() {
+    // seq_lens must hold the plan's batch values, on the stream's device.
+    let mut c = dense();
+    c.seq_lens = buf(8, 4);
+    expect(validate::dense(&c), "seq_lens", "needs 2");
+    let mut c = dense();
+    c.seq_lens.device = 1;
+    expect(validate::dense(&c), "seq_lens", "device 1");
+    // Longer is fine (an engine's max-batch buffer).
+    let mut c = dense();
+    c.seq_lens.bytes = 64 * 4;
+    assert_eq!(validate::dense(&c), Ok(()));
 
-    assert_eq!(validate::sparse_update(&sparse_plan, None, 0), Ok(()));
-    assert_eq!(
-        validate::sparse_update(&sparse_plan, Some(&buf(1, 3 * 4)), 0),
-        Ok(())
-    );
-    expect(
-        validate::sparse_update(&sparse_plan, Some(&buf(1, 2 * 4)), 0),
-        "topk_len",
-        "needs 3",
-    );
-    expect(
-        validate::sparse_update(&dense_plan, None, 0),
-        "plan",
-        "dense plan",
-    );
+    // topk_len is optional; if given it must hold num_tokens values, on the stream's device.
+    let mut c = sparse();
+    c.topk_len = None;
+    assert_eq!(validate::sparse(&c), Ok(()));
+    let mut c = sparse();
+    c.topk_len = Some(buf(8, 2 * 4));
+    expect(validate::sparse(&c), "topk_len", "needs 3");
+    let mut c = sparse();
+    c.topk_len = Some(Buf {
+        device: 1,
+        ..buf(8, 3 * 4)
+    });
+    expect(validate::sparse(&c), "topk_len", "device 1");
 }
 
 #[test]
@@ -583,11 +554,9 @@ fn error_flag_errors() {
     let mut c = append();
     c.error_flag = Some(buf(6, 4));
     expect(validate::append(&c), "error_flag", "");
-    expect(
-        validate::dense_update(&dense().plan, &buf(1, 8), Some(&buf(6, 0)), 0),
-        "error_flag",
-        "",
-    );
+    let mut c = dense();
+    c.error_flag = Some(buf(6, 0));
+    expect(validate::dense(&c), "error_flag", "");
 }
 
 #[test]
@@ -750,9 +719,15 @@ fn fault_codes_and_flag_words() {
 
 #[test]
 fn status_mapping() {
-    assert_eq!(status_to_result("mla_plan", 0), Ok(()));
-    assert_eq!(status_to_result("mla_plan", 4), Err(Error::KernelsNotBuilt));
-    assert_eq!(status_to_result("mla_plan", 3), Err(Error::NoDevice));
+    assert_eq!(status_to_result("mla_dense_decode", 0), Ok(()));
+    assert_eq!(
+        status_to_result("mla_dense_decode", 4),
+        Err(Error::KernelsNotBuilt)
+    );
+    assert_eq!(
+        status_to_result("mla_dense_decode", 3),
+        Err(Error::NoDevice)
+    );
     assert_eq!(
         status_to_result("mla_dense_decode", 1000 + 700),
         Err(Error::Cuda {

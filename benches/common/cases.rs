@@ -1,7 +1,8 @@
 //! The workloads: random inputs on the device, one timed step, and the check.
 //!
-//! - dense: `plan.update_dense` + `dense_decode` (plan + decode + combine) per step;
-//! - sparse: `plan.update_sparse(None)` + `sparse_decode` per step;
+//! - dense: one `dense_decode` (decode + combine; the split is derived from seq_lens inside
+//!   the call) per step;
+//! - sparse: one `sparse_decode` (no topk_len: every row has topk entries) per step;
 //! - gather: `gather_slots` alone.
 //!
 //! Inputs are random, never zeros. A cache is filled by uploading one random chunk of
@@ -91,11 +92,6 @@ pub trait Workload {
     fn schedule(&self) -> Option<ffi::mla_schedule_t>;
     /// One timed step; allocates nothing and does not synchronize (graph-capturable).
     fn step(&mut self, stream: &CudaStream) -> mla_decode::Result<()>;
-    /// What every further layer of the same decode step costs: the step without the plan
-    /// update (the plan is shared by the layers). The gather has no plan: the step itself.
-    fn layer(&mut self, stream: &CudaStream) -> mla_decode::Result<()> {
-        self.step(stream)
-    }
     /// The KV cache's bytes; None for the gather, which has none.
     fn cache_bytes(&self) -> Option<CacheBytes> {
         None
@@ -496,13 +492,6 @@ impl<T: Element> Workload for DenseCase<T> {
     }
 
     fn step(&mut self, stream: &CudaStream) -> mla_decode::Result<()> {
-        let io = &mut self.io;
-        let plan = io.plan.as_mut().ok_or_else(no_plan)?;
-        plan.update_dense(stream, &self.seq_lens.as_view(), Some(&io.flag))?;
-        self.layer(stream)
-    }
-
-    fn layer(&mut self, stream: &CudaStream) -> mla_decode::Result<()> {
         let s = &self.setup;
         let io = &mut self.io;
         let plan = io.plan.as_ref().ok_or_else(no_plan)?;
@@ -512,6 +501,7 @@ impl<T: Element> Workload for DenseCase<T> {
             &Query::contiguous(io.q.as_view(), s.heads),
             &self.kv.view(),
             &BlockTable::new(self.table.as_view(), s.batch, self.max_blocks),
+            &self.seq_lens.as_view(),
             &mut Output::contiguous(io.out.as_view_mut(), s.heads),
             Some(&mut Lse::contiguous(io.lse.as_view_mut(), s.heads)),
             s.softmax_scale,
@@ -677,12 +667,6 @@ impl<T: Element> Workload for SparseCase<T> {
     }
 
     fn step(&mut self, stream: &CudaStream) -> mla_decode::Result<()> {
-        let plan = self.io.plan.as_mut().ok_or_else(no_plan)?;
-        plan.update_sparse(stream, None)?;
-        self.layer(stream)
-    }
-
-    fn layer(&mut self, stream: &CudaStream) -> mla_decode::Result<()> {
         let s = &self.setup;
         let io = &mut self.io;
         let plan = io.plan.as_ref().ok_or_else(no_plan)?;
@@ -692,6 +676,7 @@ impl<T: Element> Workload for SparseCase<T> {
             &Query::contiguous(io.q.as_view(), s.heads),
             &self.kv.view(),
             &SparseIndices::contiguous(self.indices.as_view(), s.topk),
+            None,
             &mut Output::contiguous(io.out.as_view_mut(), s.heads),
             Some(&mut Lse::contiguous(io.lse.as_view_mut(), s.heads)),
             s.softmax_scale,

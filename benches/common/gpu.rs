@@ -225,8 +225,6 @@ pub struct MeasureOpts {
 pub struct Timing {
     /// Median µs of one step launched from the host.
     pub us: f64,
-    /// Median µs of a further layer of the same step (decode + combine, plan reused).
-    pub layer_us: f64,
     /// Median µs of one replay of the step captured in a CUDA graph.
     pub graph_us: Option<f64>,
     /// Why there is no graph time although one was asked for.
@@ -272,14 +270,8 @@ pub fn measure(gpu: &mut Gpu, w: &mut dyn Workload, opts: &MeasureOpts) -> Res<T
         Ok(w.step(s)?)
     })?);
     w.check_flag(&gpu.stream)?;
-    let layer_us = median(&gpu.time(time_opts, |s, i| {
-        w.select_copy(i);
-        Ok(w.layer(s)?)
-    })?);
-    w.check_flag(&gpu.stream)?;
     let mut timing = Timing {
         us,
-        layer_us,
         graph_us: None,
         graph_error: None,
     };

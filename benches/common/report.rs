@@ -28,8 +28,6 @@ pub struct Row {
     pub sm120_occupancy: bool,
     /// Median µs of a step launched from the host.
     pub us: f64,
-    /// Median µs of a further layer of the step (decode + combine; the plan is reused).
-    pub layer_us: f64,
     /// Median µs of a CUDA-graph replay of the step.
     pub graph_us: Option<f64>,
     pub accuracy: Option<Accuracy>,
@@ -78,10 +76,9 @@ impl Table {
 
     pub fn header(&self) -> String {
         let mut line = format!(
-            "{:<w$}  {:>10}  {:>10}  {:>10}  {:>7}  {:>7}  {:>8}",
+            "{:<w$}  {:>10}  {:>10}  {:>7}  {:>7}  {:>8}",
             "case",
             "µs",
-            "layer µs",
             "graph µs",
             "GB/s",
             "% copy",
@@ -101,10 +98,9 @@ impl Table {
             "-".into()
         };
         let mut line = format!(
-            "{:<w$}  {:>10.2}  {:>10.2}  {:>10}  {:>7.0}  {:>6.1}%  {:>8}",
+            "{:<w$}  {:>10.2}  {:>10}  {:>7.0}  {:>6.1}%  {:>8}",
             row.name(),
             row.us,
-            row.layer_us,
             row.graph_us.map_or("-".into(), |g| format!("{g:.2}")),
             row.gbps(),
             row.pct_of_copy(),
@@ -184,7 +180,6 @@ fn row_json(r: &Row) -> String {
         ("topk", m.topk.to_string()),
         ("block_size", m.block_size.to_string()),
         ("us", number(r.us)),
-        ("layer_us", number(r.layer_us)),
         ("graph_us", r.graph_us.map_or("null".into(), number)),
         ("gbps", number(r.gbps())),
         ("pct_of_copy", number(r.pct_of_copy())),

@@ -1364,7 +1364,7 @@ impl<T: Half> DenseDev<T> {
         }
     }
 
-    /// One `dense_decode` of `q` into `out` / `lse` with `plan` (already updated).
+    /// One `dense_decode` of `q` into `out` / `lse` with `plan`, over `self.seq_lens`.
     #[allow(clippy::too_many_arguments)]
     pub fn decode(
         &self,
@@ -1383,6 +1383,7 @@ impl<T: Half> DenseDev<T> {
             &q.view(),
             &s.cache.view(&self.cache),
             &s.table_view(&self.table),
+            &self.seq_lens.as_view(),
             &mut out.view(),
             lse_view.as_mut(),
             s.scale,
@@ -1407,9 +1408,7 @@ pub fn run_dense<T: Half>(
     let mut lse =
         lse_kind.map(|k| DevLse::new(stream, Strided::new(rng, k, s.tokens(), s.heads, 1, 1)));
     let flag = ErrorFlag::new(stream).expect("error flag");
-    let mut plan = DecodePlan::dense(stream, s.shape(), options).expect("dense plan");
-    plan.update_dense(stream, &dev.seq_lens.as_view(), Some(&flag))
-        .expect("update_dense");
+    let plan = DecodePlan::dense(stream, s.shape(), options).expect("dense plan");
     dev.decode(stream, s, &plan, &qd, &mut out, lse.as_mut(), Some(&flag))
         .expect("dense_decode");
     Outputs::read(stream, &out, lse.as_ref(), &flag)
@@ -1500,21 +1499,17 @@ impl<T: Half> SparseDev<T> {
         }
     }
 
-    /// A sparse plan for `s`, updated with its topk_len.
+    /// A sparse plan for `s`.
     pub fn plan(
         &self,
         stream: &Arc<CudaStream>,
         s: &SparseSetup<T>,
         options: PlanOptions,
     ) -> DecodePlan {
-        let mut plan = DecodePlan::sparse(stream, s.shape(), options).expect("sparse plan");
-        let lens = self.topk_len.as_ref().map(|l| l.as_view());
-        plan.update_sparse(stream, lens.as_ref())
-            .expect("update_sparse");
-        plan
+        DecodePlan::sparse(stream, s.shape(), options).expect("sparse plan")
     }
 
-    /// One `sparse_decode`.
+    /// One `sparse_decode`, with `self.topk_len` if any.
     #[allow(clippy::too_many_arguments)]
     pub fn decode(
         &self,
@@ -1527,12 +1522,14 @@ impl<T: Half> SparseDev<T> {
         flag: Option<&ErrorFlag>,
     ) -> mla_decode::Result<()> {
         let mut lse_view = lse.map(|l| l.view());
+        let topk_len = self.topk_len.as_ref().map(|l| l.as_view());
         sparse_decode(
             stream,
             plan,
             &q.view(),
             &s.cache.view(&self.cache),
             &s.indices_view(&self.indices),
+            topk_len.as_ref(),
             &mut out.view(),
             lse_view.as_mut(),
             s.scale,
