@@ -85,6 +85,7 @@ bool common_args(const mla_schedule_t* s, const P* p, DecodeArgs& a) {
     a.block_shift = __builtin_ctz(static_cast<unsigned>(bs));
     a.batch = s->batch;
     a.num_parts = s->num_parts;
+    a.min_chunk = s->min_chunk >= 1 ? s->min_chunk : 1;
     a.q_len = s->q_len;
     a.num_heads = s->num_heads;
     a.m_rows = s->q_len * s->num_heads;
@@ -170,6 +171,8 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int3
     int pdl = 1;
     if (const char* e = getenv("MLA_PDL")) pdl = atoi(e);
     s->pdl = major >= 9 && pdl > 0 ? pdl : 0;
+    s->min_chunk = kMinChunkTiles;
+    if (const char* e = getenv("MLA_MIN_CHUNK")) s->min_chunk = atoi(e) >= 1 ? atoi(e) : 1;  // experiments
     return MLA_STATUS_OK;
 }
 

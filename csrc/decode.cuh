@@ -57,7 +57,7 @@ constexpr int kMinChunkTiles = 2;  // a part streams at least this many tiles
 // ---- the split, derived in every CTA from the lengths ---------------------------------
 // Request b has len(b) = clamp(lens[b], 0, max_len) cache rows (max_len when lens is NULL)
 // and tiles(b) = max(1, ceil(len(b) / 32)) tiles. The T tiles of all requests are cut into
-// parts of chunk = max(ceil(T / num_parts), kMinChunkTiles) tiles. A request covered by
+// parts of chunk = max(ceil(T / num_parts), min_chunk) tiles. A request covered by
 // more than one part is "split": its pieces go to the workspace and combine_kernel merges
 // them; a split request contains a part boundary, so there are at most
 // min(parts - 1, batch) of them.
@@ -65,8 +65,8 @@ __host__ __device__ inline int max_splits(int batch, int parts) {
     const int m = parts - 1 < batch ? parts - 1 : batch;
     return m > 1 ? m : 1;
 }
-__device__ __forceinline__ int split_chunk(int total, int parts) {
-    return max((total + parts - 1) / parts, kMinChunkTiles);
+__device__ __forceinline__ int split_chunk(int total, int parts, int min_chunk) {
+    return max((total + parts - 1) / parts, min_chunk);
 }
 
 struct Lens {
@@ -94,6 +94,7 @@ struct DecodeArgs {
     int32_t table_cols;    // dense: max_blocks_per_seq; sparse: topk
     int32_t batch;
     int32_t num_parts;
+    int32_t min_chunk;     // fewest tiles per part (mla_schedule_t::min_chunk)
     int32_t q_len;         // dense q_len; sparse 1
     int32_t num_heads;
     int32_t m_rows;        // q_len * num_heads
@@ -172,6 +173,103 @@ __device__ __forceinline__ bool scan_requests(const DecodeArgs& a, const Lens& l
         carry += sum;
     }
     return false;
+}
+
+// Where this CTA's part starts: its tiles [lo, hi) of the split, and the request and tile
+// of lo (every thread calls it; valid only when lo < total). One request per thread and a
+// single block scan when batch <= kThreads (the common case), else a pass for the total and
+// a walk over the requests; a closed form when lens is NULL.
+struct PartPos {
+    int total, lo, hi, first_req, first_j;
+};
+
+template <int kThreads>
+__device__ __forceinline__ PartPos find_part(const DecodeArgs& a, const Lens& lens, int part, bool record,
+                                             int* scratch) {
+    PartPos p;
+    if (lens.p == nullptr) {
+        const int t = Lens::tiles_of(lens.max_len);
+        p.total = a.batch * t;
+        p.lo = part * split_chunk(p.total, a.num_parts, a.min_chunk);
+        p.first_req = p.lo / t;
+        p.first_j = p.lo - p.first_req * t;
+    } else if (a.batch <= kThreads) {
+        const int b = threadIdx.x;
+        int t = 0;
+        if (b < a.batch) {
+            const int raw = lens.p[b];
+            if (record && raw < 0) record_fault(a.flag, MLA_FAULT_NEGATIVE_SEQ_LEN, b, raw);
+            if (record && raw > lens.max_len) record_fault(a.flag, MLA_FAULT_SEQ_LEN_TOO_LARGE, b, raw);
+            t = Lens::tiles_of(Lens::clamp(raw, lens.max_len));
+        }
+        const int incl = block_inclusive_sum<kThreads>(t, scratch, &p.total);
+        p.lo = part * split_chunk(p.total, a.num_parts, a.min_chunk);
+        if (b < a.batch && incl - t <= p.lo && p.lo < incl) {
+            scratch[32] = b;
+            scratch[33] = p.lo - (incl - t);
+        }
+        __syncthreads();
+        p.first_req = scratch[32];
+        p.first_j = scratch[33];
+        __syncthreads();  // the caller reuses scratch
+    } else {
+        p.total = total_tiles<kThreads>(a, lens, record, scratch);
+        p.lo = part * split_chunk(p.total, a.num_parts, a.min_chunk);
+        p.first_req = p.first_j = 0;
+        if (p.lo < p.total) {
+            const int lo = p.lo;
+            scan_requests<kThreads>(a, lens, scratch, [&](bool valid, int b, int start, int t) {
+                const bool mine = valid && start <= lo && lo < start + t;
+                if (mine) {
+                    scratch[32] = b;
+                    scratch[33] = lo - start;
+                }
+                return mine;
+            });
+            p.first_req = scratch[32];
+            p.first_j = scratch[33];
+            __syncthreads();
+        }
+    }
+    p.hi = min(p.lo + split_chunk(p.total, a.num_parts, a.min_chunk), p.total);
+    return p;
+}
+
+// The k-th split request in request order (as decode splits them): into found[0..4)
+// {request, first part, last part, 1 if it is not its first part's first request};
+// false if there are at most k. Every thread calls it; scratch holds 2 * kThreads / 32 ints.
+template <int kThreads>
+__device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens, int k, int* scratch, int* found) {
+    constexpr int kW = kThreads / 32;
+    auto check = [&](bool valid, int b, int start, int t, int chunk, int& count) {
+        const int first = start / chunk, last = (start + t - 1) / chunk;
+        const int split = valid && first != last ? 1 : 0;
+        int n;
+        const int idx = count + block_inclusive_sum<kThreads>(split, scratch + kW, &n) - split;
+        count += n;
+        const bool mine = split && idx == k;
+        if (mine) {
+            found[0] = b;
+            found[1] = first;
+            found[2] = last;
+            found[3] = start != first * chunk ? 1 : 0;
+        }
+        return mine;
+    };
+    int count = 0;
+    if (a.batch <= kThreads) {  // one request per thread: a scan for the tiles, one for the splits
+        const int b = threadIdx.x;
+        const bool valid = b < a.batch;
+        const int t = valid ? lens.tiles(b) : 0;
+        int total;
+        const int incl = block_inclusive_sum<kThreads>(t, scratch, &total);
+        const int chunk = split_chunk(total, a.num_parts, a.min_chunk);
+        return __syncthreads_or(check(valid, b, incl - t, t, chunk, count));
+    }
+    const int chunk = split_chunk(total_tiles<kThreads>(a, lens, false, scratch), a.num_parts, a.min_chunk);
+    return scan_requests<kThreads>(a, lens, scratch, [&](bool valid, int b, int start, int t) {
+        return check(valid, b, start, t, chunk, count);
+    });
 }
 
 // Position of a tile in the flattened schedule.
@@ -317,30 +415,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
     const int part = blockIdx.y;
     // This part's tiles [lo, hi) and its first request and tile, from the lengths.
     int* scratch = reinterpret_cast<int*>(part_s);  // free until the first tile is computed
-    const int total =
-        total_tiles<Cfg::kThreads>(a, lens, a.check_lens && blockIdx.x == 0 && blockIdx.y == 0, scratch);
-    const int chunk = split_chunk(total, a.num_parts);
-    const int lo = part * chunk;
-    if (lo >= total) return;
-    const int hi = min(lo + chunk, total);
-    int first_req, first_j;
-    if (lens.p == nullptr) {
-        const int t = Lens::tiles_of(lens.max_len);
-        first_req = lo / t;
-        first_j = lo - first_req * t;
-    } else {
-        scan_requests<Cfg::kThreads>(a, lens, scratch, [&](bool valid, int b, int start, int t) {
-            const bool mine = valid && start <= lo && lo < start + t;
-            if (mine) {
-                scratch[32] = b;
-                scratch[33] = lo - start;
-            }
-            return mine;
-        });
-        first_req = scratch[32];
-        first_j = scratch[33];
-        __syncthreads();  // scratch (part_s) is written again by the first tile
-    }
+    const PartPos pp =
+        find_part<Cfg::kThreads>(a, lens, part, a.check_lens && blockIdx.x == 0 && blockIdx.y == 0, scratch);
+    if (pp.lo >= pp.total) return;
+    const int lo = pp.lo, hi = pp.hi, first_req = pp.first_req, first_j = pp.first_j;
     if (a.pdl & 2) grid_dependents_launch();
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -649,24 +727,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32, 1) combine_kernel(const De
     const int k = blockIdx.x;
     const int m = blockIdx.y;  // row (combine_rows == 1) or group of combine_rows rows
     // The k-th split request, in request order, from the lengths (as decode split them).
-    constexpr int kT = kCombineWarps * 32;
-    const int chunk = split_chunk(total_tiles<kT>(a, lens, false, scratch), a.num_parts);
-    int count = 0;  // split requests before this round of requests
-    const bool found = scan_requests<kT>(a, lens, scratch, [&](bool valid, int b, int start, int t) {
-        const int first = start / chunk, last = (start + t - 1) / chunk;
-        const int split = valid && first != last ? 1 : 0;
-        int n;
-        const int idx = count + block_inclusive_sum<kT>(split, scratch + kCombineWarps, &n) - split;
-        count += n;
-        const bool mine = split && idx == k;
-        if (mine) {
-            found_s[0] = b;
-            found_s[1] = first;
-            found_s[2] = last;
-            found_s[3] = start != first * chunk ? 1 : 0;  // b is not part `first`'s first request
-        }
-        return mine;
-    });
+    const bool found = find_split<kCombineWarps * 32>(a, lens, k, scratch, found_s);
     if (!found) return;
     const int r = found_s[0], first = found_s[1], last = found_s[2], first_tail = found_s[3];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

@@ -85,6 +85,7 @@ typedef struct {
     int32_t device;         /* CUDA device ordinal the schedule was made for */
     int32_t pdl;            /* programmatic dependent launch (sm_90+): 0 off; bit 0 on (the combine
                                kernel's launch overlaps decode); bit 2 decode triggers it early */
+    int32_t min_chunk;      /* fewest 32-row tiles a split-KV part streams */
 } mla_schedule_t;
 
 /* Fill *s for a problem shape on the current device. max_len <= INT32_MAX - 31 and

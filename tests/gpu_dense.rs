@@ -214,6 +214,41 @@ fn dense_edge_seq_lens() {
     }
 }
 
+/// Batches past one CTA's worth of requests (129..=700: the split is then found by a pass
+/// for the total and a walk over the requests, in decode and in the combine), short
+/// lengths with edges and empty requests, both dtypes.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dense_large_batches() {
+    let (_ctx, stream) = gpu();
+    let mut rng = Rng::new(seed("dense_large_batches"));
+    for (batch, bf) in [(129usize, true), (257, false), (700, true)] {
+        let bs = 16;
+        let mbps = 12usize;
+        let seq_lens: Vec<i32> = (0..batch)
+            .map(|_| edge_len(&mut rng, mbps * bs, bs) as i32)
+            .collect();
+        let spec = DenseSpec {
+            q_len: 1 + rng.below(2),
+            heads: rng.range(1, 16),
+            block_size: bs,
+            max_blocks_per_seq: mbps,
+            table_pad: rng.below(3),
+            block_pad: 0,
+            spare_blocks: rng.below(4),
+            junk_unused: true,
+            seq_lens,
+            scale: rng.softmax_scale(),
+        };
+        let label = format!("dense_large_batches batch {batch}");
+        if bf {
+            check_random_dense::<bf16>(&label, &mut rng, &stream, &spec, default_plan());
+        } else {
+            check_random_dense::<f16>(&label, &mut rng, &stream, &spec, default_plan());
+        }
+    }
+}
+
 /// One head and 128 heads, with q_len 1 and 8 (128 heads × 8 rows = 1024 query rows per
 /// request).
 #[test]
