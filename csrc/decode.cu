@@ -66,8 +66,13 @@ bool common_args(const mla_schedule_t* s, const P* p, DecodeArgs& a) {
         p->block_stride_bytes % 16 != 0)
         return false;
     if (!aligned16(p->q_nope) || !aligned16(p->q_rope) || !aligned16(p->kv_cache) || !aligned16(p->out)) return false;
-    if (!stride16(p->q_nope_token_stride) || !stride16(p->q_nope_head_stride) || !stride16(p->q_rope_token_stride) ||
-        !stride16(p->q_rope_head_stride) || !stride16(p->out_token_stride) || !stride16(p->out_head_stride))
+    // Rows are read and written 16 bytes at a time: strides must keep them aligned, except
+    // along a dimension of size 1, whose stride is never used.
+    const bool one_token = static_cast<int64_t>(s->batch) * s->q_len == 1, one_head = s->num_heads == 1;
+    auto ok = [](int64_t stride, bool unused) { return unused || stride16(stride); };
+    if (!ok(p->q_nope_token_stride, one_token) || !ok(p->q_nope_head_stride, one_head) ||
+        !ok(p->q_rope_token_stride, one_token) || !ok(p->q_rope_head_stride, one_head) ||
+        !ok(p->out_token_stride, one_token) || !ok(p->out_head_stride, one_head))
         return false;
     if (!(p->softmax_scale > 0.f) || !isfinite(p->softmax_scale)) return false;
     if (!aligned16(p->workspace)) return false;  // read as float4
@@ -165,10 +170,12 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int3
     s->sm120_occupancy = sm120_occupancy ? 1 : 0;
     s->device = dev;
     // Programmatic dependent launch (sm_90+): bit 0 = launch attribute on (the combine's
-    // launch overlaps decode), bit 2 = decode lets the combine be scheduled early. Default 1
-    // (measured in docs/PERFORMANCE.md: an early trigger in decode lets combine CTAs sit
-    // resident and slows long single sequences). MLA_PDL overrides it (0 = off).
-    int pdl = 1;
+    // launch overlaps decode), bit 2 = decode lets the combine be scheduled early, bit 3 =
+    // each decode CTA lets it be scheduled when it starts its last tile. Default 9 = 1 + 8
+    // (docs/PERFORMANCE.md log #20: the last-tile trigger hides part of the combine's launch;
+    // the early trigger of bit 2 lets combine CTAs sit resident and slows long single
+    // sequences, logs #9, #16). MLA_PDL overrides it (0 = off).
+    int pdl = 9;
     if (const char* e = getenv("MLA_PDL")) pdl = atoi(e);
     s->pdl = major >= 9 && pdl > 0 ? pdl : 0;
     s->min_chunk = kMinChunkTiles;

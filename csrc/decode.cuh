@@ -109,7 +109,7 @@ struct DecodeArgs {
     float* ws_o;           // [2*parts, m_rows, 512]
     float* ws_lse;         // [2*parts, m_rows], log2 domain
     uint32_t* flag;
-    int32_t pdl;           // mla_schedule_t::pdl: bit 1 = trigger the combine launch early
+    int32_t pdl;           // mla_schedule_t::pdl >> 1: bit 1 = trigger the combine launch early, bit 2 = at the last tile
     int32_t combine_rows;  // query rows per combine CTA: 1 (8 warps per row) or 8 (a warp per row)
 };
 
@@ -450,6 +450,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
         const int32_t* valid_cur = valid_s + stage * Cfg::kBlockN;
         cp_async_wait<0>();
         __syncthreads();
+        if ((a.pdl & 4) && x + 1 == hi) grid_dependents_launch();  // MLA_PDL bit 3
 
         if (seg_start) {
             const uint32_t q_base = smem_u32(q_s);

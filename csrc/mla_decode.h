@@ -84,7 +84,8 @@ typedef struct {
     int32_t sm120_occupancy;/* 1: smem request padded so that an sm_90 SM holds as few CTAs as an sm_120 SM */
     int32_t device;         /* CUDA device ordinal the schedule was made for */
     int32_t pdl;            /* programmatic dependent launch (sm_90+): 0 off; bit 0 on (the combine
-                               kernel's launch overlaps decode); bit 2 decode triggers it early */
+                               kernel's launch overlaps decode); bit 2 decode triggers it at its
+                               start, bit 3 at each CTA's last tile (default 9) */
     int32_t min_chunk;      /* fewest 32-row tiles a split-KV part streams */
 } mla_schedule_t;
 
