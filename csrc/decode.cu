@@ -24,7 +24,7 @@ cudaError_t launch_pdl(void (*kernel)(DecodeArgs), dim3 grid, int threads, int s
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = pdl > 0 ? 1 : 0;
+    cfg.numAttrs = (pdl & 1) ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kernel, a);
 }
 
@@ -90,7 +90,7 @@ bool common_args(const mla_schedule_t* s, const P* p, DecodeArgs& a) {
     a.block_shift = __builtin_ctz(static_cast<unsigned>(bs));
     a.batch = s->batch;
     a.num_parts = s->num_parts;
-    a.min_chunk = s->min_chunk >= 1 ? s->min_chunk : 1;
+    a.min_chunk = s->min_chunk < 1 ? 1 : (s->min_chunk > (1 << 20) ? (1 << 20) : s->min_chunk);
     a.q_len = s->q_len;
     a.num_heads = s->num_heads;
     a.m_rows = s->q_len * s->num_heads;

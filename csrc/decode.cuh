@@ -7,7 +7,7 @@
 //     gets one (fully masked) tile, so that decode_kernel writes its zeros and -inf. All
 //     requests' tiles are laid end to end and each of num_parts parts gets `chunk`
 //     consecutive tiles, so one part may cover the end of one request and the start of the
-//     next. There is no plan buffer: every CTA derives its part from the lengths (Split).
+//     next. There is no plan buffer: every CTA derives its part from the lengths (find_part).
 //   - CTA (m_tile, part) runs the query rows [16*m_tile, 16*m_tile+16) of every request
 //     its part touches, streaming the tiles through a cp.async double buffer. A request
 //     that lies wholly inside one part is written straight to `out`; the pieces of a
@@ -66,7 +66,12 @@ __host__ __device__ inline int max_splits(int batch, int parts) {
     return m > 1 ? m : 1;
 }
 __device__ __forceinline__ int split_chunk(int total, int parts, int min_chunk) {
-    return max((total + parts - 1) / parts, min_chunk);
+    return max(total / parts + (total % parts != 0 ? 1 : 0), min_chunk);  // no total + parts overflow
+}
+// First tile of `part` (int64: part * chunk may pass INT_MAX), or total if it has none.
+__device__ __forceinline__ int part_lo(int part, int chunk, int total) {
+    const int64_t lo = static_cast<int64_t>(part) * chunk;
+    return lo < total ? static_cast<int>(lo) : total;
 }
 
 struct Lens {
@@ -190,7 +195,7 @@ __device__ __forceinline__ PartPos find_part(const DecodeArgs& a, const Lens& le
     if (lens.p == nullptr) {
         const int t = Lens::tiles_of(lens.max_len);
         p.total = a.batch * t;
-        p.lo = part * split_chunk(p.total, a.num_parts, a.min_chunk);
+        p.lo = part_lo(part, split_chunk(p.total, a.num_parts, a.min_chunk), p.total);
         p.first_req = p.lo / t;
         p.first_j = p.lo - p.first_req * t;
     } else if (a.batch <= kThreads) {
@@ -203,7 +208,7 @@ __device__ __forceinline__ PartPos find_part(const DecodeArgs& a, const Lens& le
             t = Lens::tiles_of(Lens::clamp(raw, lens.max_len));
         }
         const int incl = block_inclusive_sum<kThreads>(t, scratch, &p.total);
-        p.lo = part * split_chunk(p.total, a.num_parts, a.min_chunk);
+        p.lo = part_lo(part, split_chunk(p.total, a.num_parts, a.min_chunk), p.total);
         if (b < a.batch && incl - t <= p.lo && p.lo < incl) {
             scratch[32] = b;
             scratch[33] = p.lo - (incl - t);
@@ -214,7 +219,7 @@ __device__ __forceinline__ PartPos find_part(const DecodeArgs& a, const Lens& le
         __syncthreads();  // the caller reuses scratch
     } else {
         p.total = total_tiles<kThreads>(a, lens, record, scratch);
-        p.lo = part * split_chunk(p.total, a.num_parts, a.min_chunk);
+        p.lo = part_lo(part, split_chunk(p.total, a.num_parts, a.min_chunk), p.total);
         p.first_req = p.first_j = 0;
         if (p.lo < p.total) {
             const int lo = p.lo;
@@ -231,7 +236,7 @@ __device__ __forceinline__ PartPos find_part(const DecodeArgs& a, const Lens& le
             __syncthreads();
         }
     }
-    p.hi = min(p.lo + split_chunk(p.total, a.num_parts, a.min_chunk), p.total);
+    p.hi = p.lo + min(split_chunk(p.total, a.num_parts, a.min_chunk), p.total - p.lo);
     return p;
 }
 

@@ -18,9 +18,10 @@
 //! - buffers are cudarc [`CudaSlice`](cudarc::driver::CudaSlice)s owned by the caller;
 //!   calls take views of them ([`Query`], [`KvCache`], [`BlockTable`], [`SparseIndices`],
 //!   [`Output`], [`Lse`]) with strides in elements, and the stream explicitly;
-//! - a [`DecodePlan`] is made once per shape, updated once per decode step on the device
-//!   (from seq_lens or topk_len) and used by every layer: updates and decodes allocate
-//!   nothing and never synchronize the host, so a step can be captured in a CUDA graph;
+//! - a [`DecodePlan`] (the launch schedule and the split workspace) is made once per shape
+//!   and used by every call; each decode call derives the split of its work from the
+//!   seq_lens / topk_len it is given, on the device; decodes allocate nothing and never
+//!   synchronize the host, so a step can be captured in a CUDA graph;
 //! - every argument is checked on the host first ([`validate`]), and errors name it
 //!   ([`Error::InvalidArgument`]); values only the device sees (bad block ids, slot ids,
 //!   lengths) are skipped or clamped by the kernels and recorded in an optional

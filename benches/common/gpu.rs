@@ -3,7 +3,7 @@
 //! Two ways keep a case's inputs out of L2 between its runs ([`FlushMode`]): `rotate` (the
 //! default) gives the case identical copies of its KV cache and has run `i` read copy
 //! `i % copies`, enough copies that the cache rows read between two runs of the same copy
-//! are at least [`ROTATE_L2_FACTOR`] times the L2; `memset` writes a buffer of
+//! are at least [`ROTATE_L2_FACTOR`] times the L2 (or one copy when a run reads that much); `memset` writes a buffer of
 //! max(2 × L2, 256 MiB) before each run, as Triton's do_bench does. The memset leaves the
 //! L2 full of dirty lines, which the timed run then writes back (6-8 µs of a 90 µs case on
 //! an H200), so `rotate` times the kernels as they run in a model, where the cache is cold
@@ -231,13 +231,22 @@ pub struct Timing {
     pub graph_error: Option<String>,
 }
 
-/// The copies of a cache that `rotate` needs: the fewest whose rows read by one step add
-/// up to [`ROTATE_L2_FACTOR`] × L2 (1 when a step reads that much by itself); None when
-/// they would take more than [`ROTATE_MAX_BYTES`].
+/// The copies of a cache that `rotate` needs: enough that the rows read between two runs
+/// of the same copy (the other copies' steps) add up to [`ROTATE_L2_FACTOR`] × L2; 1 when a
+/// step reads that much by itself (its own reads evict its earlier lines). None (use the
+/// memset) when they would take more than [`ROTATE_MAX_BYTES`], or when the device reports
+/// no L2 size.
 pub fn copies_for(l2_bytes: usize, cache: CacheBytes) -> Option<usize> {
-    let copies = (ROTATE_L2_FACTOR * l2_bytes)
-        .div_ceil(cache.read.max(1))
-        .max(1);
+    if l2_bytes == 0 {
+        return None;
+    }
+    let need = ROTATE_L2_FACTOR * l2_bytes;
+    let read = cache.read.max(1);
+    let copies = if read >= need {
+        1
+    } else {
+        need.div_ceil(read) + 1
+    };
     (copies == 1 || copies.saturating_mul(cache.size) <= ROTATE_MAX_BYTES).then_some(copies)
 }
 
