@@ -82,6 +82,13 @@ struct Lens {
     __device__ static int tiles_of(int len) { return max(1, (len + Cfg::kBlockN - 1) >> kTileShift); }
     __device__ int len(int b) const { return clamp(raw(b), max_len); }
     __device__ int tiles(int b) const { return tiles_of(len(b)); }
+    // tiles(b) (p != NULL), recording a negative or too-large length in flag when record.
+    __device__ int tiles_checked(int b, bool record, uint32_t* flag) const {
+        const int r = p[b];
+        if (record && r < 0) record_fault(flag, MLA_FAULT_NEGATIVE_SEQ_LEN, b, r);
+        if (record && r > max_len) record_fault(flag, MLA_FAULT_SEQ_LEN_TOO_LARGE, b, r);
+        return tiles_of(clamp(r, max_len));
+    }
 };
 
 // ---- arguments of the decode family ------------------------------------------------------
@@ -149,12 +156,7 @@ template <int kThreads>
 __device__ __forceinline__ int total_tiles(const DecodeArgs& a, const Lens& lens, bool record, int* scratch) {
     if (lens.p == nullptr) return a.batch * Lens::tiles_of(lens.max_len);
     int sum = 0;
-    for (int b = threadIdx.x; b < a.batch; b += kThreads) {
-        const int raw = lens.p[b];
-        if (record && raw < 0) record_fault(a.flag, MLA_FAULT_NEGATIVE_SEQ_LEN, b, raw);
-        if (record && raw > lens.max_len) record_fault(a.flag, MLA_FAULT_SEQ_LEN_TOO_LARGE, b, raw);
-        sum += Lens::tiles_of(Lens::clamp(raw, lens.max_len));
-    }
+    for (int b = threadIdx.x; b < a.batch; b += kThreads) sum += lens.tiles_checked(b, record, a.flag);
     int total;
     block_inclusive_sum<kThreads>(sum, scratch, &total);
     return total;
@@ -200,13 +202,7 @@ __device__ __forceinline__ PartPos find_part(const DecodeArgs& a, const Lens& le
         p.first_j = p.lo - p.first_req * t;
     } else if (a.batch <= kThreads) {
         const int b = threadIdx.x;
-        int t = 0;
-        if (b < a.batch) {
-            const int raw = lens.p[b];
-            if (record && raw < 0) record_fault(a.flag, MLA_FAULT_NEGATIVE_SEQ_LEN, b, raw);
-            if (record && raw > lens.max_len) record_fault(a.flag, MLA_FAULT_SEQ_LEN_TOO_LARGE, b, raw);
-            t = Lens::tiles_of(Lens::clamp(raw, lens.max_len));
-        }
+        const int t = b < a.batch ? lens.tiles_checked(b, record, a.flag) : 0;
         const int incl = block_inclusive_sum<kThreads>(t, scratch, &p.total);
         p.lo = part_lo(part, split_chunk(p.total, a.num_parts, a.min_chunk), p.total);
         if (b < a.batch && incl - t <= p.lo && p.lo < incl) {

@@ -50,6 +50,37 @@ impl<'s> Common<'s> {
     }
 }
 
+/// A `mla_dense_params_t` / `mla_sparse_params_t`: the fields both share (same names),
+/// filled from the bound [`Common`] arguments, then the call's own fields.
+macro_rules! decode_params {
+    ($ty:ident, $c:ident, $t:ident, $scale:expr, { $($field:ident: $value:expr),* $(,)? }) => {{
+        let (lse_ptr, lse_ts, lse_hs) = $c.lse();
+        ffi::$ty {
+            q_nope: $c.q.nope.0 as *const c_void,
+            q_rope: $c.q.rope.0 as *const c_void,
+            q_nope_token_stride: $c.q.nope.1 as i64,
+            q_nope_head_stride: $c.q.nope.2 as i64,
+            q_rope_token_stride: $c.q.rope.1 as i64,
+            q_rope_head_stride: $c.q.rope.2 as i64,
+            kv_cache: $c.kv.0 as *const c_void,
+            block_stride_bytes: $c.kv.1.block_stride_bytes as i64,
+            num_blocks: $c.kv.1.num_blocks as i32,
+            block_size: $c.kv.1.block_size as i32,
+            out: $c.out.0 as *mut c_void,
+            out_token_stride: $c.out.1.token_stride as i64,
+            out_head_stride: $c.out.1.head_stride as i64,
+            lse: lse_ptr as *mut f32,
+            lse_token_stride: lse_ts,
+            lse_head_stride: lse_hs,
+            softmax_scale: $scale,
+            dtype: $t::DTYPE.to_ffi(),
+            workspace: $c.workspace.0 as *mut f32,
+            error_flag: $c.flag.0 as *mut u32,
+            $($field: $value,)*
+        }
+    }};
+}
+
 /// Dense paged decode: `out[t, h] = softmax(scale · q[t, h] · kv[s]) · kv[s, ..512]` over the
 /// slots of request `t / q_len` visible to query `t % q_len` (causal), optionally `lse[t, h]`.
 ///
@@ -87,33 +118,12 @@ pub fn dense_decode<T: Element>(
         softmax_scale,
         error_flag: c.flag.1,
     })?;
-    let (lse_ptr, lse_ts, lse_hs) = c.lse();
-    let params = ffi::mla_dense_params_t {
-        q_nope: c.q.nope.0 as *const c_void,
-        q_rope: c.q.rope.0 as *const c_void,
-        q_nope_token_stride: c.q.nope.1 as i64,
-        q_nope_head_stride: c.q.nope.2 as i64,
-        q_rope_token_stride: c.q.rope.1 as i64,
-        q_rope_head_stride: c.q.rope.2 as i64,
-        kv_cache: c.kv.0 as *const c_void,
-        block_stride_bytes: c.kv.1.block_stride_bytes as i64,
-        num_blocks: c.kv.1.num_blocks as i32,
-        block_size: c.kv.1.block_size as i32,
+    let params = decode_params!(mla_dense_params_t, c, T, softmax_scale, {
         block_table: bt as *const i32,
         max_blocks_per_seq: table.max_blocks_per_seq as i32,
         block_table_stride: table.stride as i32,
-        out: c.out.0 as *mut c_void,
-        out_token_stride: c.out.1.token_stride as i64,
-        out_head_stride: c.out.1.head_stride as i64,
-        lse: lse_ptr as *mut f32,
-        lse_token_stride: lse_ts,
-        lse_head_stride: lse_hs,
-        softmax_scale,
-        dtype: T::DTYPE.to_ffi(),
         seq_lens: lens as *const i32,
-        workspace: c.workspace.0 as *mut f32,
-        error_flag: c.flag.0 as *mut u32,
-    };
+    });
     stream.context().bind_to_thread()?;
     // SAFETY: every pointer was checked above to lie on this device with room for the
     // shapes passed (values fit their C types); the guards in `c` keep the buffers borrowed
@@ -128,8 +138,8 @@ pub fn dense_decode<T: Element>(
 /// `indices[t, ..topk]` (global slot ids, `-1` = none; only the first `topk_len[t]` when
 /// `topk_len` is given, clamped to `0..=topk`). A duplicated id counts once per entry.
 ///
-/// `plan` must be a sparse plan; tokens are its `num_tokens`. Checks every argument before launching; allocates nothing and does
-/// not synchronize (graph-capturable).
+/// `plan` must be a sparse plan; tokens are its `num_tokens`. Checks every argument before
+/// launching; allocates nothing and does not synchronize (graph-capturable).
 #[allow(clippy::too_many_arguments)]
 pub fn sparse_decode<T: Element>(
     stream: &CudaStream,
@@ -160,33 +170,12 @@ pub fn sparse_decode<T: Element>(
         softmax_scale,
         error_flag: c.flag.1,
     })?;
-    let (lse_ptr, lse_ts, lse_hs) = c.lse();
-    let params = ffi::mla_sparse_params_t {
-        q_nope: c.q.nope.0 as *const c_void,
-        q_rope: c.q.rope.0 as *const c_void,
-        q_nope_token_stride: c.q.nope.1 as i64,
-        q_nope_head_stride: c.q.nope.2 as i64,
-        q_rope_token_stride: c.q.rope.1 as i64,
-        q_rope_head_stride: c.q.rope.2 as i64,
-        kv_cache: c.kv.0 as *const c_void,
-        block_stride_bytes: c.kv.1.block_stride_bytes as i64,
-        num_blocks: c.kv.1.num_blocks as i32,
-        block_size: c.kv.1.block_size as i32,
+    let params = decode_params!(mla_sparse_params_t, c, T, softmax_scale, {
         indices: ix as *const i32,
         topk: ix_desc.topk as i32,
         indices_stride: ix_desc.stride as i32,
-        out: c.out.0 as *mut c_void,
-        out_token_stride: c.out.1.token_stride as i64,
-        out_head_stride: c.out.1.head_stride as i64,
-        lse: lse_ptr as *mut f32,
-        lse_token_stride: lse_ts,
-        lse_head_stride: lse_hs,
-        softmax_scale,
-        dtype: T::DTYPE.to_ffi(),
         topk_len: topk_lens as *const i32,
-        workspace: c.workspace.0 as *mut f32,
-        error_flag: c.flag.0 as *mut u32,
-    };
+    });
     stream.context().bind_to_thread()?;
     // SAFETY: as in dense_decode.
     let status = unsafe {

@@ -213,16 +213,13 @@ impl<'a, T> Output<'a, T> {
     }
 
     pub(crate) fn bind<'s>(&'s mut self, stream: &'s CudaStream) -> (u64, Rows, SyncOnDrop<'s>) {
-        let (token_stride, head_stride, num_heads) =
-            (self.token_stride, self.head_stride, self.num_heads);
-        let (ptr, buf, guard) = bind_mut(&mut self.view, stream);
-        let rows = Rows {
-            buf,
-            token_stride,
-            head_stride,
-            num_heads,
-        };
-        (ptr, rows, guard)
+        bind_rows(
+            &mut self.view,
+            stream,
+            self.token_stride,
+            self.head_stride,
+            self.num_heads,
+        )
     }
 }
 
@@ -257,17 +254,32 @@ impl<'a> Lse<'a> {
     }
 
     pub(crate) fn bind<'s>(&'s mut self, stream: &'s CudaStream) -> (u64, Rows, SyncOnDrop<'s>) {
-        let (token_stride, head_stride, num_heads) =
-            (self.token_stride, self.head_stride, self.num_heads);
-        let (ptr, buf, guard) = bind_mut(&mut self.view, stream);
-        let rows = Rows {
-            buf,
-            token_stride,
-            head_stride,
-            num_heads,
-        };
-        (ptr, rows, guard)
+        bind_rows(
+            &mut self.view,
+            stream,
+            self.token_stride,
+            self.head_stride,
+            self.num_heads,
+        )
     }
+}
+
+/// A strided `[tokens, heads, ..]` output's address, description and sync guard.
+fn bind_rows<'s, T>(
+    view: &'s mut CudaViewMut<'_, T>,
+    stream: &'s CudaStream,
+    token_stride: usize,
+    head_stride: usize,
+    num_heads: Option<usize>,
+) -> (u64, Rows, SyncOnDrop<'s>) {
+    let (ptr, buf, guard) = bind_mut(view, stream);
+    let rows = Rows {
+        buf,
+        token_stride,
+        head_stride,
+        num_heads,
+    };
+    (ptr, rows, guard)
 }
 
 fn blocks_in(len: usize, block_size: usize) -> usize {
