@@ -33,24 +33,37 @@ cudaError_t launch_pdl(void (*kernel)(DecodeArgs), dim3 grid, int threads, int s
 // (a few long sequences) keep 8 warps per row.
 int combine_rows(const mla_schedule_t* s) { return s->num_parts <= 16 * s->batch ? kCombineWarps : 1; }
 
+// Dim slices per merged row (the combine's grid z): 4 when the split rows give at most
+// one combine CTA per two SMs (b=1, t=1: 8 rows; b=4, t=32), so that their piece reads
+// spread over 4x the SMs; else 1: more CTAs then only add CTA waves, each searching the
+// lengths again (docs/PERFORMANCE.md log #22).
+int combine_slices(const mla_schedule_t* s) {
+    const int rows = combine_rows(s), m_rows = s->q_len * s->num_heads;
+    const int64_t ctas = static_cast<int64_t>(max_splits(s->batch, s->num_parts)) * ((m_rows + rows - 1) / rows);
+    return 2 * ctas <= s->sm_count ? 4 : 1;
+}
+
+template <typename T, bool kSparse>
+mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& a, cudaStream_t st) {
+    const dim3 grid(s->num_m_tiles, s->num_parts);
+    const int z = s->combine_slices;
+    const dim3 cgrid(max_splits(s->batch, s->num_parts), (a.m_rows + a.combine_rows - 1) / a.combine_rows, z);
+    auto* combine = z == 4 ? combine_kernel<T, kSparse, 1> : combine_kernel<T, kSparse, 4>;
+    MLA_CUDA_TRY((launch_pdl(decode_kernel<T, kSparse>, grid, Cfg::kThreads, s->smem_bytes, st, s->pdl, a)));
+    MLA_CUDA_TRY((launch_pdl(combine, cgrid, kCombineWarps * 32, 0, st, s->pdl, a)));
+    return MLA_STATUS_OK;
+}
+
 template <bool kSparse>
 mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dtype, void* stream) {
     int dev = -1;
     MLA_CUDA_TRY(cudaGetDevice(&dev));
     if (dev != s->device) return MLA_STATUS_INVALID_ARGUMENT;
+    if (s->combine_slices != 1 && s->combine_slices != 4) return MLA_STATUS_INVALID_ARGUMENT;
     cudaStream_t st = static_cast<cudaStream_t>(stream);
-    const dim3 grid(s->num_m_tiles, s->num_parts);
-    const dim3 cgrid(max_splits(s->batch, s->num_parts), (a.m_rows + a.combine_rows - 1) / a.combine_rows);
-    if (dtype == MLA_DTYPE_BF16) {
-        MLA_CUDA_TRY((launch_pdl(decode_kernel<__nv_bfloat16, kSparse>, grid, Cfg::kThreads, s->smem_bytes, st, s->pdl, a)));
-        MLA_CUDA_TRY((launch_pdl(combine_kernel<__nv_bfloat16, kSparse>, cgrid, kCombineWarps * 32, 0, st, s->pdl, a)));
-    } else if (dtype == MLA_DTYPE_F16) {
-        MLA_CUDA_TRY((launch_pdl(decode_kernel<__half, kSparse>, grid, Cfg::kThreads, s->smem_bytes, st, s->pdl, a)));
-        MLA_CUDA_TRY((launch_pdl(combine_kernel<__half, kSparse>, cgrid, kCombineWarps * 32, 0, st, s->pdl, a)));
-    } else {
-        return MLA_STATUS_INVALID_ARGUMENT;
-    }
-    return MLA_STATUS_OK;
+    if (dtype == MLA_DTYPE_BF16) return launch_typed<__nv_bfloat16, kSparse>(s, a, st);
+    if (dtype == MLA_DTYPE_F16) return launch_typed<__half, kSparse>(s, a, st);
+    return MLA_STATUS_INVALID_ARGUMENT;
 }
 
 // Checks and fills the fields mla_dense_params_t and mla_sparse_params_t share (same names
@@ -179,6 +192,11 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int3
     if (const char* e = getenv("MLA_PDL")) pdl = atoi(e);
     s->pdl = major >= 9 && pdl > 0 ? pdl : 0;
     s->min_chunk = kMinChunkTiles;
+    s->combine_slices = combine_slices(s);
+    if (const char* e = getenv("MLA_COMBINE_SLICES")) {  // experiments: 1 or 4
+        const int z = atoi(e);
+        if (z == 1 || z == 4) s->combine_slices = z;
+    }
     if (const char* e = getenv("MLA_MIN_CHUNK")) s->min_chunk = atoi(e) >= 1 ? atoi(e) : 1;  // experiments
     return MLA_STATUS_OK;
 }
@@ -228,3 +246,16 @@ extern "C" mla_tile_info_t mla_tile_info(void) {
     t.smem_bytes = Cfg::kSmemBytes;
     return t;
 }
+
+#ifdef MLA_TRACE
+// scripts/smoke.cu's trace mode: reset / copy out the phase timestamps (g_mla_trace).
+extern "C" int mla_trace_reset(void* stream) {
+    void* p = nullptr;
+    if (cudaGetSymbolAddress(&p, ::g_mla_trace) != cudaSuccess) return 1;
+    return cudaMemsetAsync(p, 0, sizeof(::g_mla_trace), static_cast<cudaStream_t>(stream)) != cudaSuccess;
+}
+extern "C" int mla_trace_read(unsigned long long* host, size_t bytes) {
+    return cudaMemcpyFromSymbol(host, ::g_mla_trace, bytes < sizeof(::g_mla_trace) ? bytes : sizeof(::g_mla_trace)) !=
+           cudaSuccess;
+}
+#endif

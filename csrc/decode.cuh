@@ -17,6 +17,28 @@
 
 #include "common.cuh"
 
+// Phase timestamps for scripts/smoke.cu's trace mode (built with -DMLA_TRACE only):
+// thread 0 of each CTA stores (%globaltimer, clock64) at point i of kernel k (0 decode,
+// 1 combine); decode.cu's mla_trace_read copies them out.
+#ifdef MLA_TRACE
+constexpr int kTraceCtas = 2048, kTracePoints = 8;
+__device__ unsigned long long g_mla_trace[2][kTraceCtas][kTracePoints][2];
+#define MLA_TRACE_AT(k, i)                                                                       \
+    do {                                                                                         \
+        const unsigned cta_ = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;    \
+        if (threadIdx.x == 0 && cta_ < kTraceCtas) {                                             \
+            unsigned long long t_;                                                               \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                               \
+            g_mla_trace[k][cta_][i][0] = t_;                                                     \
+            g_mla_trace[k][cta_][i][1] = clock64();                                              \
+        }                                                                                        \
+    } while (0)
+#else
+#define MLA_TRACE_AT(k, i) \
+    do {                   \
+    } while (0)
+#endif
+
 namespace mla {
 
 // ---- tile configuration ---------------------------------------------------------------
@@ -275,14 +297,15 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
 
 // Position of a tile in the flattened schedule.
 struct Cursor {
-    int b;       // request
-    int j;       // tile within the request
-    int ntiles;  // tiles of request b
+    int b;    // request
+    int j;    // tile within the request
+    int len;  // clamped length of request b
+    __device__ int ntiles() const { return Lens::tiles_of(len); }
     __device__ void advance(const Lens& lens) {
-        if (++j == ntiles) {  // every request has >= 1 tile
+        if (++j == ntiles()) {  // every request has >= 1 tile
             ++b;
             j = 0;
-            ntiles = lens.tiles(b);
+            len = lens.len(b);
         }
     }
 };
@@ -303,21 +326,19 @@ __device__ __forceinline__ void row_token_head(const DecodeArgs& a, int b, int m
 // The raw table entry behind one tile row, read one iteration before the tile is issued
 // so that issuing never waits on a dependent load. Lanes 0..kRowsPerWarp-1 of each warp
 // own row warp*kRowsPerWarp+lane. The column is clamped into the table row; the length
-// check is done at issue time.
+// check is done at issue time (against the cursor's length).
 struct RowRaw {
     int entry;  // block-table entry (dense) or slot id (sparse)
-    int len;    // clamped length of the request
 };
 
 template <bool kSparse>
-__device__ __forceinline__ RowRaw resolve_row(const DecodeArgs& a, const Lens& lens, const Cursor& c) {
-    RowRaw rr{0, 0};
+__device__ __forceinline__ RowRaw resolve_row(const DecodeArgs& a, const Cursor& c) {
+    RowRaw rr{0};
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane < Cfg::kRowsPerWarp) {
         const int pos = (c.j << kTileShift) + warp * Cfg::kRowsPerWarp + lane;
         const int col = min(kSparse ? pos : pos >> a.block_shift, a.table_cols - 1);
         rr.entry = a.table[static_cast<int64_t>(c.b) * a.table_stride + col];
-        rr.len = lens.len(c.b);
     }
     return rr;
 }
@@ -334,7 +355,7 @@ __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Cursor& c, 
     if (lane < Cfg::kRowsPerWarp) {
         const int r = warp * Cfg::kRowsPerWarp + lane;
         const int pos = (c.j << kTileShift) + r;
-        if (pos < rr.len) {
+        if (pos < c.len) {
             const int bmask = a.block_size - 1;
             if (kSparse) {
                 const int id = rr.entry;
@@ -404,7 +425,9 @@ __device__ __forceinline__ void load_q_smem(const DecodeArgs& a, int b, int m_ti
 
 template <typename T, bool kSparse>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeArgs a) {
+    MLA_TRACE_AT(0, 0);
     grid_dependency_wait();
+    MLA_TRACE_AT(0, 1);
     extern __shared__ __align__(128) uint8_t smem[];
     uint8_t* kv_s = smem;
     uint8_t* q_s = smem + Cfg::kStages * Cfg::kKvStageBytes;
@@ -418,6 +441,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
     int* scratch = reinterpret_cast<int*>(part_s);  // free until the first tile is computed
     const PartPos pp =
         find_part<Cfg::kThreads>(a, lens, part, a.check_lens && blockIdx.x == 0 && blockIdx.y == 0, scratch);
+    MLA_TRACE_AT(0, 2);
     if (pp.lo >= pp.total) return;
     const int lo = pp.lo, hi = pp.hi, first_req = pp.first_req, first_j = pp.first_j;
     if (a.pdl & 2) grid_dependents_launch();
@@ -427,21 +451,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
     const int mat = lane >> 3, mrow = lane & 7;
     const int nh = warp % Cfg::kSplitN, kh = warp / Cfg::kSplitN;
 
-    Cursor cc{first_req, first_j, lens.tiles(first_req)};
-    load_tile<kSparse>(a, cc, resolve_row<kSparse>(a, lens, cc), kv_s, valid_s);
+    // Two tiles in flight while the CTA waits: tile x+2 is issued into tile x's stage as
+    // soon as tile x is computed, so at the wait for x+1, x+2 is already loading. Its Q
+    // rows would overwrite q_s before x+1 read them when x+1 and x+2 both start segments;
+    // then x+2 is issued at the top of iteration x+1 instead (after the Q read), as is the
+    // first tile of a part's second segment. `ahead`: tile x+1's group is already committed.
+    Cursor cc{first_req, first_j, lens.len(first_req)};
+    load_tile<kSparse>(a, cc, resolve_row<kSparse>(a, cc), kv_s, valid_s);
     load_q_smem<kSparse>(a, cc.b, m_tile, q_s);
     cp_async_commit();
     Cursor nc = cc;  // the next tile, its rows resolved one iteration ahead
-    RowRaw nraw{0, 0};
+    RowRaw nraw{0};
+    bool ahead = false;
     if (lo + 1 < hi) {
         nc.advance(lens);
-        nraw = resolve_row<kSparse>(a, lens, nc);
+        nraw = resolve_row<kSparse>(a, nc);
+        if (nc.j != 0) {  // same segment: no Q to load
+            load_tile<kSparse>(a, nc, nraw, kv_s + Cfg::kKvStageBytes, valid_s + Cfg::kBlockN);
+            cp_async_commit();
+            ahead = true;
+        }
     }
 
     float o[Cfg::kONTiles][4];
     float m_run[2], l_run[2];
     uint32_t qf[Cfg::kSKSteps][4];
-    int row_lim[2] = {0, 0};
     int seg_j0 = cc.j;
     bool seg_start = true;
 
@@ -449,8 +483,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
         const int stage = (x - lo) & 1;
         uint8_t* kv_cur = kv_s + stage * Cfg::kKvStageBytes;
         const int32_t* valid_cur = valid_s + stage * Cfg::kBlockN;
-        cp_async_wait<0>();
+        if (ahead) {
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
         __syncthreads();
+        if (x == lo) MLA_TRACE_AT(0, 3);
+        if (x + 1 == hi) MLA_TRACE_AT(0, 4);
         if ((a.pdl & 4) && x + 1 == hi) grid_dependents_launch();  // MLA_PDL bit 3
 
         if (seg_start) {
@@ -462,13 +502,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
             }
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
-                if (kSparse) {
-                    row_lim[hf] = 0x7fffffff;
-                } else {
-                    const int m = m_tile * Cfg::kBlockM + g + 8 * hf;
-                    const int i = m / a.num_heads;
-                    row_lim[hf] = lens.len(cc.b) - a.q_len + i + 1;
-                }
                 m_run[hf] = -INFINITY;
                 l_run[hf] = 0.f;
             }
@@ -477,22 +510,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
             seg_j0 = cc.j;
         }
 
-        // Prefetch the next tile into the other stage (freed by the barrier above) and
-        // read the table entries of the one after it.
+        // Tile x+1, unless already issued, into the other stage (freed by the barrier
+        // above); the table entries of tile x+2, issued at the end of this iteration.
         Cursor n2 = nc;
-        RowRaw n2raw{0, 0};
-        bool next_seg = false;
-        if (x + 1 < hi) {
-            next_seg = (nc.j == 0);
+        RowRaw n2raw{0};
+        const bool next_seg = x + 1 < hi && nc.j == 0;
+        if (x + 1 < hi && !ahead) {
             if (seg_start && next_seg) __syncthreads();  // q_s was just read: let every warp finish
             load_tile<kSparse>(a, nc, nraw, kv_s + (stage ^ 1) * Cfg::kKvStageBytes, valid_s + (stage ^ 1) * Cfg::kBlockN);
             if (next_seg) load_q_smem<kSparse>(a, nc.b, m_tile, q_s);
-            if (x + 2 < hi) {
-                n2.advance(lens);
-                n2raw = resolve_row<kSparse>(a, lens, n2);
-            }
+            cp_async_commit();
         }
-        cp_async_commit();
+        if (x + 2 < hi) {
+            n2.advance(lens);
+            n2raw = resolve_row<kSparse>(a, n2);
+        }
 
         // ---- S = Q K^T: this warp's 16 rows x 16 cache rows over its 288 dims ----
         const uint32_t kv_base = smem_u32(kv_cur);
@@ -519,6 +551,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
             }
         }
         __syncthreads();
+        if (x == lo) MLA_TRACE_AT(0, 6);
 
         // ---- full S (every warp, same order: identical in all warps), mask, online softmax ----
         float s[4][4];
@@ -536,13 +569,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
         float alpha[2];
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
+            // Causal limit of query row m (dense MTP): position i of q_len sees cache rows
+            // < len - q_len + i + 1 (recomputed per tile: no registers held across the loop).
+            const int row_lim = kSparse ? 0x7fffffff
+                                        : cc.len - a.q_len + 1 + (m_tile * Cfg::kBlockM + g + 8 * hf) / a.num_heads;
             float mx = -INFINITY;
 #pragma unroll
             for (int jn = 0; jn < 4; ++jn)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int col = jn * 8 + 2 * tq + e;
-                    const bool ok = valid_cur[col] != 0 && pos0 + col < row_lim[hf];
+                    const bool ok = valid_cur[col] != 0 && pos0 + col < row_lim;
                     const float v = ok ? s[jn][hf * 2 + e] * a.scale_log2 : -INFINITY;
                     s[jn][hf * 2 + e] = v;
                     mx = fmaxf(mx, v);
@@ -591,10 +628,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
             }
         }
 
+        if (x == lo) MLA_TRACE_AT(0, 7);
         // ---- end of a segment: normalize and write ----
-        const bool seg_end = (x + 1 == hi) || (cc.j + 1 == cc.ntiles);
+        const bool seg_end = (x + 1 == hi) || (cc.j + 1 == cc.ntiles());
         if (seg_end) {
-            const bool whole = (seg_j0 == 0) && (cc.j + 1 == cc.ntiles);
+            const bool whole = (seg_j0 == 0) && (cc.j + 1 == cc.ntiles());
             const int slot = 2 * part + (cc.b == first_req ? 0 : 1);
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
@@ -627,78 +665,101 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
                 }
             }
         }
+        // Tile x+2 into this stage once every warp is done with it (and with q_s).
+        bool ahead_next = false;
+        if (x + 2 < hi && !(next_seg && n2.j == 0)) {
+            __syncthreads();
+            load_tile<kSparse>(a, n2, n2raw, kv_cur, valid_s + stage * Cfg::kBlockN);
+            if (n2.j == 0) load_q_smem<kSparse>(a, n2.b, m_tile, q_s);
+            cp_async_commit();
+            ahead_next = true;
+        }
         cc = nc;
         nc = n2;
         nraw = n2raw;
         seg_start = next_seg;
+        ahead = ahead_next;
     }
     cp_async_wait<0>();
+    MLA_TRACE_AT(0, 5);
 }
 
-// Writes merged row m of request r: lane's 16 dims of acc / wsum, and lse (lane 0).
-template <typename T, bool kSparse>
-__device__ __forceinline__ void store_merged_row(const DecodeArgs& a, int r, int m, const float (&acc)[16],
-                                                 float mx, float wsum) {
+// The combine splits the 512 output dims of a row into slices (grid z), so that the piece
+// reads of a step with few split rows (b=1, t=1: 8 rows) spread over more SMs: a lane
+// holds kF4 float4 (4 * kF4 dims) of its warp's slice of 128 * kF4 dims.
+
+// Writes merged row m of request r: lane's dims [dim0 + lane*4*kF4, +4*kF4) of acc / wsum,
+// and lse (lane 0 of the slice at dim 0).
+template <typename T, bool kSparse, int kF4>
+__device__ __forceinline__ void store_merged_row(const DecodeArgs& a, int r, int m, int dim0,
+                                                 const float (&acc)[4 * kF4], float mx, float wsum) {
     const int lane = threadIdx.x & 31;
     const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
     int token, head;
     row_token_head<kSparse>(a, r, m, token, head);
-    T* dst = reinterpret_cast<T*>(a.out) + token * a.out_ts + head * a.out_hs + lane * 16;
-    uint4 packed[2];
-    uint32_t* pw = reinterpret_cast<uint32_t*>(packed);
+    T* dst = reinterpret_cast<T*>(a.out) + token * a.out_ts + head * a.out_hs + dim0 + lane * 4 * kF4;
+    uint32_t pw[2 * kF4];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) pw[i] = Elem<T>::pack(acc[2 * i] * inv, acc[2 * i + 1] * inv);
-    reinterpret_cast<uint4*>(dst)[0] = packed[0];
-    reinterpret_cast<uint4*>(dst)[1] = packed[1];
-    if (lane == 0 && a.lse != nullptr) {
+    for (int i = 0; i < 2 * kF4; ++i) pw[i] = Elem<T>::pack(acc[2 * i] * inv, acc[2 * i + 1] * inv);
+    if constexpr (kF4 == 1) {
+        *reinterpret_cast<uint2*>(dst) = make_uint2(pw[0], pw[1]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < kF4 / 2; ++i)
+            reinterpret_cast<uint4*>(dst)[i] = make_uint4(pw[4 * i], pw[4 * i + 1], pw[4 * i + 2], pw[4 * i + 3]);
+    }
+    if (lane == 0 && dim0 == 0 && a.lse != nullptr) {
         a.lse[token * a.lse_ts + head * a.lse_hs] = wsum > 0.f ? (mx + log2f(wsum)) * kLn2 : -INFINITY;
     }
 }
 
-// One warp folds pieces first, first+step, ... <= last of query row m into a running
-// (max, weight sum, lane's 16 dims): kFoldBatch pieces at a time with all their loads in
-// flight (one round trip per batch), in piece order, so the result depends only on the
-// data. first_tail: the first piece of the request (piece `req_first`) is in slot 2q+1.
-constexpr int kFoldBatch = 8;
-
+// One warp folds pieces first, first+step, ... <= last of query row m (its slice at dim0)
+// into a running (max, weight sum, lane's 4 * kF4 dims): kBatch pieces at a time with all
+// their loads in flight (one round trip per batch), in piece order, so the result depends
+// only on the data. first_tail: the first piece of the request (piece `req_first`) is in
+// slot 2q+1.
+template <int kF4>  // 4 (a warp covers 512 dims) or 1 (128 dims)
 struct RowFold {
+    static constexpr int kBatch = kF4 == 4 ? 8 : 16;
     float mx = -INFINITY;
     float wsum = 0.f;
-    float acc[16] = {};
+    float acc[4 * kF4] = {};
 };
 
+template <int kF4>
 __device__ __forceinline__ void fold_pieces(const DecodeArgs& a, int req_first, int first_tail, int first, int last,
-                                            int step, int m, RowFold& f) {
+                                            int step, int m, int dim0, RowFold<kF4>& f) {
+    constexpr int kBatch = RowFold<kF4>::kBatch;
     const int lane = threadIdx.x & 31;
 #pragma unroll 1
-    for (int q0 = first; q0 <= last; q0 += kFoldBatch * step) {
-        float l[kFoldBatch];
-        float4 v[kFoldBatch][4];
+    for (int q0 = first; q0 <= last; q0 += kBatch * step) {
+        float l[kBatch];
+        float4 v[kBatch][kF4];
 #pragma unroll
-        for (int b = 0; b < kFoldBatch; ++b) {
+        for (int b = 0; b < kBatch; ++b) {
             const int q = q0 + b * step;
             const bool ok = q <= last;
             const int qq = ok ? q : first;
             const size_t row = static_cast<size_t>(2 * qq + (qq == req_first ? first_tail : 0)) * a.m_rows + m;
             l[b] = ok ? a.ws_lse[row] : -INFINITY;
-            const float4* src = reinterpret_cast<const float4*>(a.ws_o + row * kLatentDim + lane * 16);
+            const float4* src = reinterpret_cast<const float4*>(a.ws_o + row * kLatentDim + dim0 + lane * 4 * kF4);
 #pragma unroll
-            for (int k = 0; k < 4; ++k) v[b][k] = ok ? src[k] : make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int k = 0; k < kF4; ++k) v[b][k] = ok ? src[k] : make_float4(0.f, 0.f, 0.f, 0.f);
         }
         float bm = f.mx;
 #pragma unroll
-        for (int b = 0; b < kFoldBatch; ++b) bm = fmaxf(bm, l[b]);
+        for (int b = 0; b < kBatch; ++b) bm = fmaxf(bm, l[b]);
         if (bm == -INFINITY) continue;  // only empty pieces so far
         const float sc = exp2f(f.mx - bm);  // f.mx = -inf: 0
         f.wsum *= sc;
 #pragma unroll
-        for (int i = 0; i < 16; ++i) f.acc[i] *= sc;
+        for (int i = 0; i < 4 * kF4; ++i) f.acc[i] *= sc;
 #pragma unroll
-        for (int b = 0; b < kFoldBatch; ++b) {
+        for (int b = 0; b < kBatch; ++b) {
             const float w = exp2f(l[b] - bm);  // empty piece: 0
             f.wsum += w;
 #pragma unroll
-            for (int k = 0; k < 4; ++k) {
+            for (int k = 0; k < kF4; ++k) {
                 f.acc[4 * k + 0] += w * v[b][k].x;
                 f.acc[4 * k + 1] += w * v[b][k].y;
                 f.acc[4 * k + 2] += w * v[b][k].z;
@@ -709,49 +770,59 @@ __device__ __forceinline__ void fold_pieces(const DecodeArgs& a, int req_first, 
     }
 }
 
-// Merge the pieces of split requests. CTA (k, m): the k-th split request (in request
-// order; found from the lengths like decode's split), query row m. Its warps fold every kCombineWarps-th piece (lane owns 16 of the 512
-// dims), then warp 0 merges the folds in warp order: the result does not depend on timing.
-// When the schedule expects few pieces per request (combine_rows = 8), CTA (k, g) instead
-// merges rows 8g..8g+7, a warp per row over all pieces (8x fewer CTAs; ncu showed the
-// kernel's cost growing with its CTA count).
+// Merge the pieces of split requests. CTA (k, m, z): the k-th split request (in request
+// order; found from the lengths like decode's split), query row m, dims slice z of
+// 128 * kF4. Its warps fold every kCombineWarps-th piece, then warp 0 merges the folds in
+// warp order: the result does not depend on timing. When the schedule expects few pieces
+// per request (combine_rows = 8), CTA (k, g, z) instead merges rows 8g..8g+7, a warp per row
+// over all pieces (8x fewer CTAs; ncu showed the kernel's cost growing with its CTA count).
 constexpr int kCombineWarps = 8;
 
-template <typename T, bool kSparse>
-__global__ void __launch_bounds__(kCombineWarps * 32, 1) combine_kernel(const DecodeArgs a) {
-    grid_dependency_wait();
+template <typename T, bool kSparse, int kF4>
+__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const DecodeArgs a) {
+    MLA_TRACE_AT(1, 0);
     __shared__ float red_max[kCombineWarps];
     __shared__ float red_w[kCombineWarps];
-    __shared__ float4 red_o[kCombineWarps][kLatentDim / 4];
+    __shared__ float4 red_o[kCombineWarps][32 * kF4];
     __shared__ int scratch[2 * kCombineWarps + 4];  // two scans' warp sums, then the result
     int* found_s = scratch + 2 * kCombineWarps;
     const Lens lens{a.lens, a.max_len};
     const int k = blockIdx.x;
     const int m = blockIdx.y;  // row (combine_rows == 1) or group of combine_rows rows
+    const int dim0 = blockIdx.z * 128 * kF4;
     // The k-th split request, in request order, from the lengths (as decode split them).
+    // The lengths are inputs, not decode's output: this runs while decode finishes (with
+    // PDL every decode CTA has passed its own wait, so whatever wrote them is complete);
+    // only the pieces need the wait.
     const bool found = find_split<kCombineWarps * 32>(a, lens, k, scratch, found_s);
     if (!found) return;
+    MLA_TRACE_AT(1, 1);
+    grid_dependency_wait();
+    MLA_TRACE_AT(1, 2);
     const int r = found_s[0], first = found_s[1], last = found_s[2], first_tail = found_s[3];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (a.combine_rows > 1) {  // few pieces per request: warp w merges row m + w alone
         const int mw = m * a.combine_rows + warp;
         if (warp < a.combine_rows && mw < a.m_rows) {
-            RowFold f;
-            fold_pieces(a, first, first_tail, first, last, 1, mw, f);
-            store_merged_row<T, kSparse>(a, r, mw, f.acc, f.mx, f.wsum);
+            RowFold<kF4> f;
+            fold_pieces<kF4>(a, first, first_tail, first, last, 1, mw, dim0, f);
+            store_merged_row<T, kSparse, kF4>(a, r, mw, dim0, f.acc, f.mx, f.wsum);
         }
+        MLA_TRACE_AT(1, 3);
         return;
     }
     // Many pieces: warp w folds pieces first+w, first+w+8, ...; then warp 0 merges the
     // warps' folds in warp order.
-    RowFold f;
-    fold_pieces(a, first, first_tail, first + warp, last, kCombineWarps, m, f);
+    {
+        RowFold<kF4> f;
+        fold_pieces<kF4>(a, first, first_tail, first + warp, last, kCombineWarps, m, dim0, f);
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-        red_o[warp][lane * 4 + i] = make_float4(f.acc[4 * i], f.acc[4 * i + 1], f.acc[4 * i + 2], f.acc[4 * i + 3]);
-    if (lane == 0) {
-        red_max[warp] = f.mx;
-        red_w[warp] = f.wsum;
+        for (int i = 0; i < kF4; ++i)
+            red_o[warp][lane * kF4 + i] = make_float4(f.acc[4 * i], f.acc[4 * i + 1], f.acc[4 * i + 2], f.acc[4 * i + 3]);
+        if (lane == 0) {
+            red_max[warp] = f.mx;
+            red_w[warp] = f.wsum;
+        }
     }
     __syncthreads();
     if (warp != 0) return;
@@ -759,15 +830,15 @@ __global__ void __launch_bounds__(kCombineWarps * 32, 1) combine_kernel(const De
 #pragma unroll
     for (int w = 1; w < kCombineWarps; ++w) mx = fmaxf(mx, red_max[w]);
     float wt = 0.f;
-    float sum[16] = {};
+    float sum[4 * kF4] = {};
     if (mx != -INFINITY) {
 #pragma unroll
         for (int w = 0; w < kCombineWarps; ++w) {
             const float sc = exp2f(red_max[w] - mx);  // an empty warp: 0
             wt += red_w[w] * sc;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const float4 u = red_o[w][lane * 4 + i];
+            for (int i = 0; i < kF4; ++i) {
+                const float4 u = red_o[w][lane * kF4 + i];
                 sum[4 * i + 0] += sc * u.x;
                 sum[4 * i + 1] += sc * u.y;
                 sum[4 * i + 2] += sc * u.z;
@@ -775,7 +846,8 @@ __global__ void __launch_bounds__(kCombineWarps * 32, 1) combine_kernel(const De
             }
         }
     }
-    store_merged_row<T, kSparse>(a, r, m, sum, mx, wt);
+    store_merged_row<T, kSparse, kF4>(a, r, m, dim0, sum, mx, wt);
+    MLA_TRACE_AT(1, 3);
 }
 
 }  // namespace mla

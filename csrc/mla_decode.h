@@ -87,6 +87,8 @@ typedef struct {
                                kernel's launch overlaps decode); bit 2 decode triggers it at its
                                start, bit 3 at each CTA's last tile (default 9) */
     int32_t min_chunk;      /* fewest 32-row tiles a split-KV part streams */
+    int32_t combine_slices; /* 1 or 4: the combine splits each merged row's 512 dims over this
+                               many CTAs (more CTAs read the pieces when few rows split) */
 } mla_schedule_t;
 
 /* Fill *s for a problem shape on the current device. max_len <= INT32_MAX - 31 and

@@ -2,6 +2,8 @@
 // stream, exactly as a user of another CUDA library would, against a small double
 // reference. Built on the GPU machine:
 //   nvcc -O3 -std=c++17 -Icsrc -arch=sm_90 scripts/smoke.cu csrc/*.cu -o smoke && ./smoke
+// Phase trace of the small cases (timestamps from inside the kernels):
+//   nvcc -O3 -std=c++17 -DMLA_TRACE -Icsrc -arch=sm_90 scripts/smoke.cu csrc/*.cu -o trace && ./trace t
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -40,6 +42,7 @@ struct Dense {
 };
 
 static cudaStream_t g_st;
+[[maybe_unused]] static bool g_trace = false;  // argument t (trace builds): phase breakdown of the small cases
 
 template <typename F>
 static float time_ms(F f, int iters) {
@@ -61,9 +64,103 @@ static float time_ms(F f, int iters) {
     return ts[ts.size() / 2];
 }
 
+#ifdef MLA_TRACE
+// Trace mode (built with -DMLA_TRACE, run with argument t): phase timestamps written by the
+// kernels' thread 0 (decode.cuh, MLA_TRACE_AT), 30 runs each after a 256 MiB memset flush.
+// Prints, per phase, the median over runs of (first, median, last CTA) in µs after the
+// first decode CTA started, and per-CTA phase lengths from clock64.
+extern "C" int mla_trace_reset(void* stream);
+extern "C" int mla_trace_read(unsigned long long* host, size_t bytes);
+
+template <typename D>
+static void trace(D dec) {
+    constexpr int kC = 2048, kP = 8, kRuns = 30;
+    static void* flush = nullptr;
+    if (!flush) CK(cudaMalloc(&flush, 256 << 20));
+    std::vector<unsigned long long> buf((size_t)2 * kC * kP * 2);
+    auto at = [&](int k, int c, int i, int w) { return buf[(((size_t)k * kC + c) * kP + i) * 2 + w]; };
+    const char* names[2][kP] = {{"entry", "wait done", "part found", "1st tile in", "last tile in", "end",
+                                 "1st S done", "1st PV done"},
+                                {"entry", "split found", "wait done", "end"}};
+    const int npts[2] = {8, 4};
+    // [k][i][0..2] = per-run (first, median, last) µs; cyc[k][j] = per-run median cycles of phase j
+    std::vector<double> pts[2][kP][3], cyc[2][kP], ev, ns_per_cyc;
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (int run = 0; run < kRuns + 3; ++run) {
+        CK(cudaMemsetAsync(flush, run & 0xff, 256 << 20, g_st));
+        if (mla_trace_reset(g_st)) exit(1);
+        CK(cudaEventRecord(a, g_st));
+        dec();
+        CK(cudaEventRecord(b, g_st));
+        CK(cudaEventSynchronize(b));
+        if (run < 3) continue;
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        ev.push_back(ms * 1e3);
+        if (mla_trace_read(buf.data(), buf.size() * 8)) exit(1);
+        unsigned long long t0 = ~0ull;
+        for (int c = 0; c < kC; ++c)
+            if (at(0, c, 0, 0)) t0 = std::min(t0, at(0, c, 0, 0));
+        std::vector<double> ratio;
+        for (int k = 0; k < 2; ++k) {
+            for (int i = 0; i < npts[k]; ++i) {
+                std::vector<double> v, d;
+                for (int c = 0; c < kC; ++c) {
+                    if (!at(k, c, i, 0)) continue;
+                    v.push_back((double)(at(k, c, i, 0) - t0) * 1e-3);
+                    const int prev = k == 0 && i == 6 ? 3 : i - 1;  // 1st S: after the 1st tile arrived
+                    if (i > 0 && at(k, c, prev, 1)) d.push_back((double)(at(k, c, i, 1) - at(k, c, prev, 1)));
+                }
+                if (v.empty()) continue;
+                std::sort(v.begin(), v.end());
+                pts[k][i][0].push_back(v.front());
+                pts[k][i][1].push_back(v[v.size() / 2]);
+                pts[k][i][2].push_back(v.back());
+                if (!d.empty()) {
+                    std::sort(d.begin(), d.end());
+                    cyc[k][i].push_back(d[d.size() / 2]);
+                }
+            }
+        }
+        for (int c = 0; c < kC; ++c)
+            if (at(0, c, 5, 0) && at(0, c, 0, 0) && at(0, c, 5, 1) > at(0, c, 0, 1))
+                ratio.push_back((double)(at(0, c, 5, 0) - at(0, c, 0, 0)) / (double)(at(0, c, 5, 1) - at(0, c, 0, 1)));
+        if (!ratio.empty()) {
+            std::sort(ratio.begin(), ratio.end());
+            ns_per_cyc.push_back(ratio[ratio.size() / 2]);
+        }
+    }
+    auto med = [](std::vector<double> v) {
+        if (v.empty()) return -1.0;
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+    };
+    const double npc = med(ns_per_cyc);
+    printf("\n    trace: event %.2f us; µs after the first decode CTA's entry: first / median / last CTA; "
+           "median phase length per CTA (clock64, %.3f ns/cycle)\n",
+           med(ev), npc);
+    for (int k = 0; k < 2; ++k)
+        for (int i = 0; i < npts[k]; ++i) {
+            if (pts[k][i][0].empty()) continue;
+            printf("    %-7s %-12s %7.2f %7.2f %7.2f", k ? "combine" : "decode", names[k][i], med(pts[k][i][0]),
+                   med(pts[k][i][1]), med(pts[k][i][2]));
+            if (i > 0 && !cyc[k][i].empty()) printf("   phase %7.0f cyc = %5.2f us", med(cyc[k][i]), med(cyc[k][i]) * npc * 1e-3);
+            printf("\n");
+        }
+}
+#endif
+
 // Median time of: the decode call (decode + combine) as launched, and its CUDA-graph replay.
 template <typename D>
 static void breakdown(D dec, double bytes, double flops) {
+#ifdef MLA_TRACE
+    if (g_trace) {
+        trace(dec);
+        return;
+    }
+#endif
     float ms = time_ms([&] { dec(); }, 50);
     cudaGraph_t g;
     cudaGraphExec_t ge;
@@ -334,6 +431,14 @@ int main(int argc, char** argv) {
         return 0;
     }
     CK(cudaStreamCreateWithFlags(&g_st, cudaStreamNonBlocking));
+    if (argc > 1 && argv[1][0] == 't') {  // trace builds (-DMLA_TRACE): where a small step's time goes
+        g_trace = true;
+        run_dense(1, 1, 8, 64, 4096, false, 0, true);
+        run_sparse(1, 8, 2048, 65536, false, 0, true);
+        run_sparse(32, 8, 2048, 65536, false, 0, true);
+        run_dense(64, 1, 8, 64, 4096, false, 0, true);
+        return 0;
+    }
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("%s sm_%d%d, %d SMs\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# A/B of schedule knobs ON the GPU machine, in one device call: runs .gpu/bin/bench-decode
+# once per (repetition, setting), settings interleaved so that drift hits them alike, and
+# prints one table: median µs per case and setting, each repetition's value beside it.
+#
+# usage: MLA_AB="MLA_COOP=0|MLA_COOP=1" [MLA_AB_REPS=2] bash scripts/gpu-ab.sh BENCH_ARGS...
+#   MLA_AB       settings separated by '|'; each is a space-separated list of VAR=VALUE
+#                exported for that run ('-' alone: no variable)
+#   BENCH_ARGS   passed to bench-decode, e.g. --case dense:b=1,h=8,l=4096 --sm120-occupancy off
+# Writes $OUT/ab.log (every run's output) and $OUT/ab.txt (the table).
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root" || exit 1
+OUT=${OUT:-$root/.gpu/out}
+mkdir -p "$OUT"
+IFS='|' read -r -a settings <<<"${MLA_AB:?set MLA_AB, e.g. MLA_AB=\"MLA_COOP=0|MLA_COOP=1\"}"
+reps=${MLA_AB_REPS:-2}
+tmp=$(mktemp -d)
+: >"$OUT/ab.log"
+for ((r = 0; r < reps; ++r)); do
+    for i in "${!settings[@]}"; do
+        s=${settings[$i]}
+        read -r -a vars <<<"$s"
+        [[ ${vars[0]:-} == - ]] && vars=()
+        echo "==== rep $r setting [$s] ====" | tee -a "$OUT/ab.log"
+        env "${vars[@]}" timeout 300 .gpu/bin/bench-decode --bench --json "$tmp/$r-$i.json" "$@" \
+            >>"$OUT/ab.log" 2>&1 || echo "  exit $? (see ab.log)" | tee -a "$OUT/ab.log"
+    done
+done
+python3 - "$tmp" "$reps" "${settings[@]}" <<'EOF' | tee "$OUT/ab.txt"
+import json, os, statistics, sys
+tmp, reps, settings = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+rows = {}  # name -> setting index -> [us per rep]
+copy = []
+for r in range(reps):
+    for i in range(len(settings)):
+        p = os.path.join(tmp, f"{r}-{i}.json")
+        if not os.path.exists(p):
+            continue
+        d = json.load(open(p))
+        copy.append(d["copy_gbps"])
+        for row in d["rows"]:
+            rows.setdefault(row["name"], {}).setdefault(i, []).append(row["us"])
+            if row.get("graph_us"):
+                rows.setdefault(row["name"] + " (graph)", {}).setdefault(i, []).append(row["graph_us"])
+print(f"copy GB/s over runs: {min(copy):.0f}-{max(copy):.0f}" if copy else "no runs")
+for i, s in enumerate(settings):
+    print(f"  [{i}] {s}")
+w = max([len(n) for n in rows] + [4])
+print(f"{'case':<{w}} " + " ".join(f"{'[' + str(i) + '] us':>22}" for i in range(len(settings))))
+for n, per in rows.items():
+    cells = []
+    for i in range(len(settings)):
+        v = per.get(i, [])
+        cells.append(f"{statistics.median(v):8.2f} ({'/'.join(f'{x:.1f}' for x in v)})" if v else "-")
+    print(f"{n:<{w}} " + " ".join(f"{c:>22}" for c in cells))
+EOF
+rm -rf "$tmp"
