@@ -49,7 +49,11 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& a, cudaStre
     const int z = s->combine_slices;
     const dim3 cgrid(max_splits(s->batch, s->num_parts), (a.m_rows + a.combine_rows - 1) / a.combine_rows, z);
     auto* combine = z == 4 ? combine_kernel<T, kSparse, 1> : combine_kernel<T, kSparse, 4>;
-    MLA_CUDA_TRY((launch_pdl(decode_kernel<T, kSparse>, grid, Cfg::kThreads, s->smem_bytes, st, s->pdl, a)));
+    if (s->warps == 8) {
+        MLA_CUDA_TRY((launch_pdl(decode_kernel<T, kSparse, Cfg8>, grid, Cfg8::kThreads, s->smem_bytes, st, s->pdl, a)));
+    } else {
+        MLA_CUDA_TRY((launch_pdl(decode_kernel<T, kSparse, Cfg>, grid, Cfg::kThreads, s->smem_bytes, st, s->pdl, a)));
+    }
     MLA_CUDA_TRY((launch_pdl(combine, cgrid, kCombineWarps * 32, 0, st, s->pdl, a)));
     return MLA_STATUS_OK;
 }
@@ -60,6 +64,7 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
     MLA_CUDA_TRY(cudaGetDevice(&dev));
     if (dev != s->device) return MLA_STATUS_INVALID_ARGUMENT;
     if (s->combine_slices != 1 && s->combine_slices != 4) return MLA_STATUS_INVALID_ARGUMENT;
+    if (s->warps != 4 && s->warps != 8) return MLA_STATUS_INVALID_ARGUMENT;
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     if (dtype == MLA_DTYPE_BF16) return launch_typed<__nv_bfloat16, kSparse>(s, a, st);
     if (dtype == MLA_DTYPE_F16) return launch_typed<__half, kSparse>(s, a, st);
@@ -124,7 +129,32 @@ bool common_args(const mla_schedule_t* s, const P* p, DecodeArgs& a) {
 
 template <typename T, bool kSparse>
 static cudaError_t set_smem_attr(int bytes) {
-    return cudaFuncSetAttribute(decode_kernel<T, kSparse>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    const cudaError_t e = cudaFuncSetAttribute(decode_kernel<T, kSparse, Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e != cudaSuccess) return e;
+    return cudaFuncSetAttribute(decode_kernel<T, kSparse, Cfg8>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+// Dynamic shared memory a configuration requests (padded in sm120-occupancy mode so that
+// an SM holds as many CTAs as an sm_120 SM) and the CTAs per SM that then fit.
+template <typename C>
+static mla_status_t config_fit(bool sm120_occupancy, int smem_per_sm, int optin, int* smem_out, int* ctas_out) {
+    int smem = C::kSmemBytes;
+    if (smem > optin) return MLA_STATUS_UNSUPPORTED;
+    if (sm120_occupancy) {
+        // As many CTAs per SM as sm_120 holds (100 KB per SM, 1 KB reserved per CTA).
+        const int sm120_ctas = kSm120SmemPerSm / (C::kSmemBytes + 1024);
+        int padded = smem_per_sm / (sm120_ctas + 1) - 1024 + 16;
+        padded = (padded + 15) & ~15;
+        smem = padded > smem ? padded : smem;
+        if (smem > optin) smem = optin;
+    }
+    int ctas = 0;
+    MLA_CUDA_TRY((cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, decode_kernel<__nv_bfloat16, false, C>,
+                                                                C::kThreads, smem)));
+    if (ctas < 1) return MLA_STATUS_UNSUPPORTED;
+    *smem_out = smem;
+    *ctas_out = ctas;
+    return MLA_STATUS_OK;
 }
 
 }  // namespace
@@ -145,26 +175,23 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int3
     MLA_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, dev));
     MLA_CUDA_TRY(cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
     MLA_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    int smem = Cfg::kSmemBytes;
-    if (smem > optin) return MLA_STATUS_UNSUPPORTED;
-    if (sm120_occupancy) {
-        // As many CTAs per SM as sm_120 holds (100 KB per SM, 1 KB reserved per CTA).
-        const int sm120_ctas = kSm120SmemPerSm / (Cfg::kSmemBytes + 1024);
-        int padded = smem_per_sm / (sm120_ctas + 1) - 1024 + 16;
-        padded = (padded + 15) & ~15;
-        smem = padded > smem ? padded : smem;
-        if (smem > optin) smem = optin;
-    }
     // Allow the device maximum once: schedules with and without the sm120 padding then
     // coexist (each launch requests its own smem_bytes).
     MLA_CUDA_TRY((set_smem_attr<__nv_bfloat16, false>(optin)));
     MLA_CUDA_TRY((set_smem_attr<__nv_bfloat16, true>(optin)));
     MLA_CUDA_TRY((set_smem_attr<__half, false>(optin)));
     MLA_CUDA_TRY((set_smem_attr<__half, true>(optin)));
-    int ctas = 0;
-    MLA_CUDA_TRY((cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, decode_kernel<__nv_bfloat16, false>,
-                                                                Cfg::kThreads, smem)));
-    if (ctas < 1) return MLA_STATUS_UNSUPPORTED;
+    // 8 warps per CTA when the step has at most two tiles per CTA slot at one CTA per SM
+    // (b=1, t=1: every CTA has an SM to itself either way, and 8 warps finish its tiles
+    // sooner); 4 warps, two CTAs per H200 SM, for everything that streams (log #26).
+    const int64_t max_tiles = static_cast<int64_t>(batch) * ((static_cast<int64_t>(max_len) + 31) / 32) *
+                              ((static_cast<int64_t>(q_len) * num_heads + Cfg::kBlockM - 1) / Cfg::kBlockM);
+    int warps = max_tiles <= 2LL * sm_count ? 8 : 4;
+    if (const char* e = getenv("MLA_WARPS")) warps = atoi(e) == 8 ? 8 : 4;  // experiments
+    int smem = 0, ctas = 0;
+    const mla_status_t fit = warps == 8 ? config_fit<Cfg8>(sm120_occupancy != 0, smem_per_sm, optin, &smem, &ctas)
+                                        : config_fit<Cfg>(sm120_occupancy != 0, smem_per_sm, optin, &smem, &ctas);
+    if (fit != MLA_STATUS_OK) return fit;
     const int m_rows = q_len * num_heads;
     const int m_tiles = (m_rows + Cfg::kBlockM - 1) / Cfg::kBlockM;
     const int target = sm_count * ctas;
@@ -178,6 +205,7 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int3
     s->num_m_tiles = m_tiles;
     s->num_parts = parts;
     s->smem_bytes = smem;
+    s->warps = warps;
     s->ctas_per_sm = ctas;
     s->sm_count = sm_count;
     s->sm120_occupancy = sm120_occupancy ? 1 : 0;

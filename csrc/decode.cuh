@@ -42,21 +42,25 @@ __device__ unsigned long long g_mla_trace[2][kTraceCtas][kTracePoints][2];
 namespace mla {
 
 // ---- tile configuration ---------------------------------------------------------------
-// One configuration serves sm_120 and sm_90 (the H200 runs exactly what sm_120 runs).
+// One configuration serves sm_120 and sm_90 (the H200 runs exactly what sm_120 runs). Two
+// warp counts: 4 (the streaming configuration: two CTAs per H200 SM, registers at the cap)
+// and 8 (one CTA per SM, each warp with half the S and PV work: a tile computes in about
+// half the time, for steps whose CTAs each have an SM to themselves).
+template <int kWarps_>
 struct TileConfig {
     static constexpr int kBlockM = 16;   // query rows (heads x q_len) per CTA: one m16 MMA tile
     static constexpr int kBlockN = 32;   // cache rows per pipeline stage
     static constexpr int kStages = 2;
-    static constexpr int kWarps = 4;
+    static constexpr int kWarps = kWarps_;
     static constexpr int kThreads = kWarps * 32;
     // S = Q K^T: warps split the tile's rows (kSplitN) and the 576 dims (kSplitK)
     static constexpr int kSplitN = 2;
-    static constexpr int kSplitK = 2;
+    static constexpr int kSplitK = kWarps / kSplitN;
     static constexpr int kSNTiles = kBlockN / 8 / kSplitN;       // n8 tiles of S per warp
     static constexpr int kSKSteps = kHeadDim / 16 / kSplitK;     // k16 steps per warp
     // O += P V: warps split the 512 output dims
-    static constexpr int kODims = kLatentDim / kWarps;           // 128
-    static constexpr int kONTiles = kODims / 8;                  // 16
+    static constexpr int kODims = kLatentDim / kWarps;           // 128 or 64
+    static constexpr int kONTiles = kODims / 8;                  // 16 or 8
     static constexpr int kRowsPerWarp = kBlockN / kWarps;        // tile rows each warp loads
     // shared memory
     static constexpr int kKvStageBytes = kBlockN * kRowBytes;    // 36,864
@@ -65,13 +69,17 @@ struct TileConfig {
     static constexpr int kValidBytes = kStages * kBlockN * 4;
     static constexpr int kSmemBytes = kStages * kKvStageBytes + kQBytes + kPartialBytes + kValidBytes;
 
+    static_assert(kWarps == 4 || kWarps == 8, "warp counts the S reduction handles");
     static_assert(kSplitN * kSplitK == kWarps, "warp split");
+    static_assert(kSKSteps * 16 * kSplitK == kHeadDim, "k split");
     static_assert(kSNTiles == 2, "S code handles two n8 tiles per warp (one ldmatrix.x4)");
     static_assert(kBlockN % 16 == 0 && kBlockN / 8 == 4, "softmax/PV code assumes 32-row tiles");
+    static_assert(kONTiles % 2 == 0, "PV loads two n8 tiles per ldmatrix");
     static_assert(kSmemBytes <= kSm120SmemPerBlock, "tile configuration exceeds sm_120's 99 KB per block");
     static_assert(kSmemBytes + 1024 <= kSm120SmemPerSm, "one CTA must fit an sm_120 SM");
 };
-using Cfg = TileConfig;
+using Cfg = TileConfig<4>;   // the shared constants (block sizes) and the streaming configuration
+using Cfg8 = TileConfig<8>;
 constexpr int kTileShift = 5;  // log2(kBlockN)
 static_assert((1 << kTileShift) == Cfg::kBlockN, "tile shift");
 constexpr int kMinChunkTiles = 2;  // a part streams at least this many tiles
@@ -331,12 +339,12 @@ struct RowRaw {
     int entry;  // block-table entry (dense) or slot id (sparse)
 };
 
-template <bool kSparse>
+template <typename C, bool kSparse>
 __device__ __forceinline__ RowRaw resolve_row(const DecodeArgs& a, const Cursor& c) {
     RowRaw rr{0};
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane < Cfg::kRowsPerWarp) {
-        const int pos = (c.j << kTileShift) + warp * Cfg::kRowsPerWarp + lane;
+    if (lane < C::kRowsPerWarp) {
+        const int pos = (c.j << kTileShift) + warp * C::kRowsPerWarp + lane;
         const int col = min(kSparse ? pos : pos >> a.block_shift, a.table_cols - 1);
         rr.entry = a.table[static_cast<int64_t>(c.b) * a.table_stride + col];
     }
@@ -347,13 +355,13 @@ __device__ __forceinline__ RowRaw resolve_row(const DecodeArgs& a, const Cursor&
 // entry into a byte offset (-1: invalid row, zero-filled and never read) and record a
 // fault; then the warp streams its rows, lane l copying chunks l, l+32 and l+64 of
 // each row (one shuffle per row, no division).
-template <bool kSparse>
+template <typename C, bool kSparse>
 __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Cursor& c, const RowRaw& rr, uint8_t* kv_stage,
                                           int32_t* valid_stage) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int64_t off = -1;
-    if (lane < Cfg::kRowsPerWarp) {
-        const int r = warp * Cfg::kRowsPerWarp + lane;
+    if (lane < C::kRowsPerWarp) {
+        const int r = warp * C::kRowsPerWarp + lane;
         const int pos = (c.j << kTileShift) + r;
         if (pos < c.len) {
             const int bmask = a.block_size - 1;
@@ -377,9 +385,9 @@ __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Cursor& c, 
     }
     const uint32_t kv_base = smem_u32(kv_stage);
 #pragma unroll
-    for (int i = 0; i < Cfg::kRowsPerWarp; ++i) {
+    for (int i = 0; i < C::kRowsPerWarp; ++i) {
         const int64_t roff = __shfl_sync(0xffffffffu, off, i);
-        const int row = warp * Cfg::kRowsPerWarp + i;
+        const int row = warp * C::kRowsPerWarp + i;
         const int bytes = roff >= 0 ? 16 : 0;
         const uint8_t* src = a.cache + (roff >= 0 ? roff : 0) + lane * 16;
         const uint32_t dst = kv_base + row * kRowBytes;
@@ -394,7 +402,7 @@ __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Cursor& c, 
 
 // At a segment start: the query rows of the tile's request into q_s (zero past m_rows),
 // in the same cp.async group as the tile.
-template <bool kSparse>
+template <typename C, bool kSparse>
 __device__ __forceinline__ void load_q_smem(const DecodeArgs& a, int b, int m_tile, uint8_t* q_s) {
     const uint32_t q_base = smem_u32(q_s);
     // The thread index read opaquely: the compiler recomputes the 9 addresses here instead
@@ -402,11 +410,12 @@ __device__ __forceinline__ void load_q_smem(const DecodeArgs& a, int b, int m_ti
     int tid;
     asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
 #pragma unroll
-    for (int i = 0; i < Cfg::kBlockM * kRowChunks / Cfg::kThreads; ++i) {  // 9 per thread
-        const int idx = tid + Cfg::kThreads * i;
+    for (int i = 0; i < (C::kBlockM * kRowChunks + C::kThreads - 1) / C::kThreads; ++i) {  // 9 or 4.5 per thread
+        const int idx = tid + C::kThreads * i;
+        if ((C::kBlockM * kRowChunks) % C::kThreads != 0 && idx >= C::kBlockM * kRowChunks) break;
         const int r = idx / kRowChunks;
         const int ch = idx - r * kRowChunks;
-        const int m = m_tile * Cfg::kBlockM + r;
+        const int m = m_tile * C::kBlockM + r;
         const uint8_t* src = a.q_nope;
         int bytes = 0;
         if (m < a.m_rows) {
@@ -423,16 +432,16 @@ __device__ __forceinline__ void load_q_smem(const DecodeArgs& a, int b, int m_ti
     }
 }
 
-template <typename T, bool kSparse>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeArgs a) {
+template <typename T, bool kSparse, typename C>
+__global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs a) {
     MLA_TRACE_AT(0, 0);
     grid_dependency_wait();
     MLA_TRACE_AT(0, 1);
     extern __shared__ __align__(128) uint8_t smem[];
     uint8_t* kv_s = smem;
-    uint8_t* q_s = smem + Cfg::kStages * Cfg::kKvStageBytes;
-    float4* part_s = reinterpret_cast<float4*>(q_s + Cfg::kQBytes);
-    int32_t* valid_s = reinterpret_cast<int32_t*>(reinterpret_cast<uint8_t*>(part_s) + Cfg::kPartialBytes);
+    uint8_t* q_s = smem + C::kStages * C::kKvStageBytes;
+    float4* part_s = reinterpret_cast<float4*>(q_s + C::kQBytes);
+    int32_t* valid_s = reinterpret_cast<int32_t*>(reinterpret_cast<uint8_t*>(part_s) + C::kPartialBytes);
 
     const Lens lens{a.lens, a.max_len};
     const int m_tile = blockIdx.x;
@@ -440,7 +449,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
     // This part's tiles [lo, hi) and its first request and tile, from the lengths.
     int* scratch = reinterpret_cast<int*>(part_s);  // free until the first tile is computed
     const PartPos pp =
-        find_part<Cfg::kThreads>(a, lens, part, a.check_lens && blockIdx.x == 0 && blockIdx.y == 0, scratch);
+        find_part<C::kThreads>(a, lens, part, a.check_lens && blockIdx.x == 0 && blockIdx.y == 0, scratch);
     MLA_TRACE_AT(0, 2);
     if (pp.lo >= pp.total) return;
     const int lo = pp.lo, hi = pp.hi, first_req = pp.first_req, first_j = pp.first_j;
@@ -449,7 +458,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, tq = lane & 3;
     const int mat = lane >> 3, mrow = lane & 7;
-    const int nh = warp % Cfg::kSplitN, kh = warp / Cfg::kSplitN;
+    const int nh = warp % C::kSplitN, kh = warp / C::kSplitN;
 
     // Two tiles in flight while the CTA waits: tile x+2 is issued into tile x's stage as
     // soon as tile x is computed, so at the wait for x+1, x+2 is already loading. Its Q
@@ -457,32 +466,32 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
     // then x+2 is issued at the top of iteration x+1 instead (after the Q read), as is the
     // first tile of a part's second segment. `ahead`: tile x+1's group is already committed.
     Cursor cc{first_req, first_j, lens.len(first_req)};
-    load_tile<kSparse>(a, cc, resolve_row<kSparse>(a, cc), kv_s, valid_s);
-    load_q_smem<kSparse>(a, cc.b, m_tile, q_s);
+    load_tile<C, kSparse>(a, cc, resolve_row<C, kSparse>(a, cc), kv_s, valid_s);
+    load_q_smem<C, kSparse>(a, cc.b, m_tile, q_s);
     cp_async_commit();
     Cursor nc = cc;  // the next tile, its rows resolved one iteration ahead
     RowRaw nraw{0};
     bool ahead = false;
     if (lo + 1 < hi) {
         nc.advance(lens);
-        nraw = resolve_row<kSparse>(a, nc);
+        nraw = resolve_row<C, kSparse>(a, nc);
         if (nc.j != 0) {  // same segment: no Q to load
-            load_tile<kSparse>(a, nc, nraw, kv_s + Cfg::kKvStageBytes, valid_s + Cfg::kBlockN);
+            load_tile<C, kSparse>(a, nc, nraw, kv_s + C::kKvStageBytes, valid_s + C::kBlockN);
             cp_async_commit();
             ahead = true;
         }
     }
 
-    float o[Cfg::kONTiles][4];
+    float o[C::kONTiles][4];
     float m_run[2], l_run[2];
-    uint32_t qf[Cfg::kSKSteps][4];
+    uint32_t qf[C::kSKSteps][4];
     int seg_j0 = cc.j;
     bool seg_start = true;
 
     for (int x = lo; x < hi; ++x) {
         const int stage = (x - lo) & 1;
-        uint8_t* kv_cur = kv_s + stage * Cfg::kKvStageBytes;
-        const int32_t* valid_cur = valid_s + stage * Cfg::kBlockN;
+        uint8_t* kv_cur = kv_s + stage * C::kKvStageBytes;
+        const int32_t* valid_cur = valid_s + stage * C::kBlockN;
         if (ahead) {
             cp_async_wait<1>();
         } else {
@@ -496,8 +505,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
         if (seg_start) {
             const uint32_t q_base = smem_u32(q_s);
 #pragma unroll
-            for (int ks = 0; ks < Cfg::kSKSteps; ++ks) {
-                const int kk = kh * Cfg::kSKSteps + ks;
+            for (int ks = 0; ks < C::kSKSteps; ++ks) {
+                const int kk = kh * C::kSKSteps + ks;
                 ldmatrix_x4(qf[ks], q_base + swz((mat & 1) * 8 + mrow, kk * 2 + (mat >> 1)) * 16);
             }
 #pragma unroll
@@ -506,7 +515,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
                 l_run[hf] = 0.f;
             }
 #pragma unroll
-            for (int n = 0; n < Cfg::kONTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+            for (int n = 0; n < C::kONTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
             seg_j0 = cc.j;
         }
 
@@ -517,13 +526,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
         const bool next_seg = x + 1 < hi && nc.j == 0;
         if (x + 1 < hi && !ahead) {
             if (seg_start && next_seg) __syncthreads();  // q_s was just read: let every warp finish
-            load_tile<kSparse>(a, nc, nraw, kv_s + (stage ^ 1) * Cfg::kKvStageBytes, valid_s + (stage ^ 1) * Cfg::kBlockN);
-            if (next_seg) load_q_smem<kSparse>(a, nc.b, m_tile, q_s);
+            load_tile<C, kSparse>(a, nc, nraw, kv_s + (stage ^ 1) * C::kKvStageBytes, valid_s + (stage ^ 1) * C::kBlockN);
+            if (next_seg) load_q_smem<C, kSparse>(a, nc.b, m_tile, q_s);
             cp_async_commit();
         }
         if (x + 2 < hi) {
             n2.advance(lens);
-            n2raw = resolve_row<kSparse>(a, n2);
+            n2raw = resolve_row<C, kSparse>(a, n2);
         }
 
         // ---- S = Q K^T: this warp's 16 rows x 16 cache rows over its 288 dims ----
@@ -536,8 +545,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
                 for (int par = 0; par < 2; ++par) sacc[n][par][0] = sacc[n][par][1] = sacc[n][par][2] = sacc[n][par][3] = 0.f;
             const int krow = nh * 16 + (mat >> 1) * 8 + mrow;
 #pragma unroll
-            for (int ks = 0; ks < Cfg::kSKSteps; ++ks) {
-                const int kk = kh * Cfg::kSKSteps + ks;
+            for (int ks = 0; ks < C::kSKSteps; ++ks) {
+                const int kk = kh * C::kSKSteps + ks;
                 uint32_t bfr[4];
                 ldmatrix_x4(bfr, kv_base + swz(krow, kk * 2 + (mat & 1)) * 16);
                 mma16816<T>(sacc[0][ks & 1], qf[ks], bfr[0], bfr[1]);
@@ -551,6 +560,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
             }
         }
         __syncthreads();
+        if constexpr (C::kSplitK == 4) {
+            // Sum the four k-quarter partials in place: warp w adds up one half (rows g or
+            // g+8) of one (n-half, n8 tile) fragment, quarters in order, into quarter 0's slot.
+            const int frag = warp >> 1, h = warp & 1;
+            float2* p = reinterpret_cast<float2*>(part_s + ((frag >> 1) * 2 + (frag & 1)) * 32 + lane) + h;
+            float2 acc = *p;
+#pragma unroll
+            for (int q = 1; q < 4; ++q) {
+                const float2 u = *(p + q * C::kSplitN * 2 * 32 * 2);  // warp nh + q*kSplitN, same n8 tile
+                acc.x += u.x;
+                acc.y += u.y;
+            }
+            *p = acc;
+            __syncthreads();
+        }
         if (x == lo) MLA_TRACE_AT(0, 6);
 
         // ---- full S (every warp, same order: identical in all warps), mask, online softmax ----
@@ -558,12 +582,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
 #pragma unroll
         for (int jn = 0; jn < 4; ++jn) {
             const int nhj = jn >> 1, ntl = jn & 1;
-            const float4 p0 = part_s[((nhj + 0 * Cfg::kSplitN) * 2 + ntl) * 32 + lane];
-            const float4 p1 = part_s[((nhj + 1 * Cfg::kSplitN) * 2 + ntl) * 32 + lane];
-            s[jn][0] = p0.x + p1.x;
-            s[jn][1] = p0.y + p1.y;
-            s[jn][2] = p0.z + p1.z;
-            s[jn][3] = p0.w + p1.w;
+            const float4 p0 = part_s[(nhj * 2 + ntl) * 32 + lane];
+            if constexpr (C::kSplitK == 2) {
+                const float4 p1 = part_s[((nhj + C::kSplitN) * 2 + ntl) * 32 + lane];
+                s[jn][0] = p0.x + p1.x;
+                s[jn][1] = p0.y + p1.y;
+                s[jn][2] = p0.z + p1.z;
+                s[jn][3] = p0.w + p1.w;
+            } else {
+                s[jn][0] = p0.x;
+                s[jn][1] = p0.y;
+                s[jn][2] = p0.z;
+                s[jn][3] = p0.w;
+            }
         }
         const int pos0 = cc.j << kTileShift;
         float alpha[2];
@@ -572,7 +603,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
             // Causal limit of query row m (dense MTP): position i of q_len sees cache rows
             // < len - q_len + i + 1 (recomputed per tile: no registers held across the loop).
             const int row_lim = kSparse ? 0x7fffffff
-                                        : cc.len - a.q_len + 1 + (m_tile * Cfg::kBlockM + g + 8 * hf) / a.num_heads;
+                                        : cc.len - a.q_len + 1 + (m_tile * C::kBlockM + g + 8 * hf) / a.num_heads;
             float mx = -INFINITY;
 #pragma unroll
             for (int jn = 0; jn < 4; ++jn)
@@ -602,7 +633,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
         }
         if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // the running max moved
 #pragma unroll
-            for (int n = 0; n < Cfg::kONTiles; ++n) {
+            for (int n = 0; n < C::kONTiles; ++n) {
                 o[n][0] *= alpha[0];
                 o[n][1] *= alpha[0];
                 o[n][2] *= alpha[1];
@@ -612,7 +643,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
 
         // ---- O += P V over this warp's 128 output dims ----
 #pragma unroll
-        for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk) {
+        for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
             uint32_t pa[4];
             pa[0] = Elem<T>::pack(s[2 * kk][0], s[2 * kk][1]);
             pa[1] = Elem<T>::pack(s[2 * kk][2], s[2 * kk][3]);
@@ -620,9 +651,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
             pa[3] = Elem<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
             const int vrow = kk * 16 + (mat & 1) * 8 + mrow;
 #pragma unroll
-            for (int pr = 0; pr < Cfg::kONTiles / 2; ++pr) {
+            for (int pr = 0; pr < C::kONTiles / 2; ++pr) {
                 uint32_t bfr[4];
-                ldmatrix_x4_trans(bfr, kv_base + swz(vrow, (warp * Cfg::kODims + pr * 16) / 8 + (mat >> 1)) * 16);
+                ldmatrix_x4_trans(bfr, kv_base + swz(vrow, (warp * C::kODims + pr * 16) / 8 + (mat >> 1)) * 16);
                 mma16816<T>(o[2 * pr], pa, bfr[0], bfr[1]);
                 mma16816<T>(o[2 * pr + 1], pa, bfr[2], bfr[3]);
             }
@@ -639,14 +670,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
                 const float l = warp_sum4(l_run[hf]);
                 const float inv = l > 0.f ? 1.f / l : 0.f;
                 const float lse2 = l > 0.f ? m_run[hf] + log2f(l) : -INFINITY;
-                const int m = m_tile * Cfg::kBlockM + g + 8 * hf;
+                const int m = m_tile * C::kBlockM + g + 8 * hf;
                 if (m < a.m_rows) {
                     if (whole) {
                         int token, head;
                         row_token_head<kSparse>(a, cc.b, m, token, head);
-                        T* dst = reinterpret_cast<T*>(a.out) + token * a.out_ts + head * a.out_hs + warp * Cfg::kODims + 2 * tq;
+                        T* dst = reinterpret_cast<T*>(a.out) + token * a.out_ts + head * a.out_hs + warp * C::kODims + 2 * tq;
 #pragma unroll
-                        for (int n = 0; n < Cfg::kONTiles; ++n) {
+                        for (int n = 0; n < C::kONTiles; ++n) {
                             *reinterpret_cast<uint32_t*>(dst + n * 8) =
                                 Elem<T>::pack(o[n][2 * hf] * inv, o[n][2 * hf + 1] * inv);
                         }
@@ -655,9 +686,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
                         }
                     } else {
                         const size_t row = static_cast<size_t>(slot) * a.m_rows + m;
-                        float* dst = a.ws_o + row * kLatentDim + warp * Cfg::kODims + 2 * tq;
+                        float* dst = a.ws_o + row * kLatentDim + warp * C::kODims + 2 * tq;
 #pragma unroll
-                        for (int n = 0; n < Cfg::kONTiles; ++n) {
+                        for (int n = 0; n < C::kONTiles; ++n) {
                             *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * hf] * inv, o[n][2 * hf + 1] * inv);
                         }
                         if (warp == 0 && tq == 0) a.ws_lse[row] = lse2;
@@ -669,8 +700,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) decode_kernel(const DecodeAr
         bool ahead_next = false;
         if (x + 2 < hi && !(next_seg && n2.j == 0)) {
             __syncthreads();
-            load_tile<kSparse>(a, n2, n2raw, kv_cur, valid_s + stage * Cfg::kBlockN);
-            if (n2.j == 0) load_q_smem<kSparse>(a, n2.b, m_tile, q_s);
+            load_tile<C, kSparse>(a, n2, n2raw, kv_cur, valid_s + stage * C::kBlockN);
+            if (n2.j == 0) load_q_smem<C, kSparse>(a, n2.b, m_tile, q_s);
             cp_async_commit();
             ahead_next = true;
         }

@@ -87,6 +87,7 @@ typedef struct {
                                kernel's launch overlaps decode); bit 2 decode triggers it at its
                                start, bit 3 at each CTA's last tile (default 9) */
     int32_t min_chunk;      /* fewest 32-row tiles a split-KV part streams */
+    int32_t warps;          /* 4 or 8: warps per decode CTA (8: each warp half the S and PV work) */
     int32_t combine_slices; /* 1 or 4: the combine splits each merged row's 512 dims over this
                                many CTAs (more CTAs read the pieces when few rows split) */
 } mla_schedule_t;
