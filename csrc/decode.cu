@@ -219,7 +219,9 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int3
     int pdl = 9;
     if (const char* e = getenv("MLA_PDL")) pdl = atoi(e);
     s->pdl = major >= 9 && pdl > 0 ? pdl : 0;
-    s->min_chunk = kMinChunkTiles;
+    // Parts of one tile when every tile can have a CTA of its own (t=1, b=1: the second
+    // tile's compute leaves the critical path; log #27), else at least kMinChunkTiles.
+    s->min_chunk = max_tiles <= sm_count ? 1 : kMinChunkTiles;
     s->combine_slices = combine_slices(s);
     if (const char* e = getenv("MLA_COMBINE_SLICES")) {  // experiments: 1 or 4
         const int z = atoi(e);
