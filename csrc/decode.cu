@@ -49,7 +49,9 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& a, cudaStre
     const int z = s->combine_slices;
     const dim3 cgrid(max_splits(s->batch, s->num_parts), (a.m_rows + a.combine_rows - 1) / a.combine_rows, z);
     auto* combine = z == 4 ? combine_kernel<T, kSparse, 1> : combine_kernel<T, kSparse, 4>;
-    if (s->warps == 8) {
+    if (s->block_m == 32) {
+        MLA_CUDA_TRY((launch_pdl(decode_kernel<T, kSparse, CfgWide>, grid, CfgWide::kThreads, s->smem_bytes, st, s->pdl, a)));
+    } else if (s->warps == 8) {
         MLA_CUDA_TRY((launch_pdl(decode_kernel<T, kSparse, Cfg8>, grid, Cfg8::kThreads, s->smem_bytes, st, s->pdl, a)));
     } else {
         MLA_CUDA_TRY((launch_pdl(decode_kernel<T, kSparse, Cfg>, grid, Cfg::kThreads, s->smem_bytes, st, s->pdl, a)));
@@ -64,7 +66,8 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
     MLA_CUDA_TRY(cudaGetDevice(&dev));
     if (dev != s->device) return MLA_STATUS_INVALID_ARGUMENT;
     if (s->combine_slices != 1 && s->combine_slices != 4) return MLA_STATUS_INVALID_ARGUMENT;
-    if (s->warps != 4 && s->warps != 8) return MLA_STATUS_INVALID_ARGUMENT;
+    if ((s->warps != 4 && s->warps != 8) || (s->block_m != 16 && !(s->block_m == 32 && s->warps == 8)))
+        return MLA_STATUS_INVALID_ARGUMENT;
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     if (dtype == MLA_DTYPE_BF16) return launch_typed<__nv_bfloat16, kSparse>(s, a, st);
     if (dtype == MLA_DTYPE_F16) return launch_typed<__half, kSparse>(s, a, st);
@@ -129,9 +132,11 @@ bool common_args(const mla_schedule_t* s, const P* p, DecodeArgs& a) {
 
 template <typename T, bool kSparse>
 static cudaError_t set_smem_attr(int bytes) {
-    const cudaError_t e = cudaFuncSetAttribute(decode_kernel<T, kSparse, Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    cudaError_t e = cudaFuncSetAttribute(decode_kernel<T, kSparse, Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     if (e != cudaSuccess) return e;
-    return cudaFuncSetAttribute(decode_kernel<T, kSparse, Cfg8>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    e = cudaFuncSetAttribute(decode_kernel<T, kSparse, Cfg8>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e != cudaSuccess) return e;
+    return cudaFuncSetAttribute(decode_kernel<T, kSparse, CfgWide>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
 // Dynamic shared memory a configuration requests (padded in sm120-occupancy mode so that
@@ -181,19 +186,29 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int3
     MLA_CUDA_TRY((set_smem_attr<__nv_bfloat16, true>(optin)));
     MLA_CUDA_TRY((set_smem_attr<__half, false>(optin)));
     MLA_CUDA_TRY((set_smem_attr<__half, true>(optin)));
-    // 8 warps per CTA when the step has at most two tiles per CTA slot at one CTA per SM
-    // (b=1, t=1: every CTA has an SM to itself either way, and 8 warps finish its tiles
-    // sooner); 4 warps, two CTAs per H200 SM, for everything that streams (log #26).
+    // The configuration (log #26, #28): with at least 32 query rows and room for only one
+    // 4-warp CTA per SM (sm_120; the H200 in sm120-occupancy mode), 32 rows per 8-warp CTA
+    // (each K and V fragment serves two m-tiles); else 8 warps per CTA when the step has at
+    // most two tiles per SM (b=1, t=1: every CTA has an SM to itself either way, and 8 warps
+    // finish its tiles sooner); else 4 warps, two CTAs per H200 SM.
     const int64_t max_tiles = static_cast<int64_t>(batch) * ((static_cast<int64_t>(max_len) + 31) / 32) *
                               ((static_cast<int64_t>(q_len) * num_heads + Cfg::kBlockM - 1) / Cfg::kBlockM);
-    int warps = max_tiles <= 2LL * sm_count ? 8 : 4;
-    if (const char* e = getenv("MLA_WARPS")) warps = atoi(e) == 8 ? 8 : 4;  // experiments
     int smem = 0, ctas = 0;
-    const mla_status_t fit = warps == 8 ? config_fit<Cfg8>(sm120_occupancy != 0, smem_per_sm, optin, &smem, &ctas)
-                                        : config_fit<Cfg>(sm120_occupancy != 0, smem_per_sm, optin, &smem, &ctas);
+    mla_status_t fit = config_fit<Cfg>(sm120_occupancy != 0, smem_per_sm, optin, &smem, &ctas);
+    if (fit != MLA_STATUS_OK) return fit;
+    int block_m = q_len * num_heads >= 32 && ctas == 1 ? 32 : 16;
+    int warps = block_m == 32 || max_tiles <= 2LL * sm_count ? 8 : 4;
+    if (const char* e = getenv("MLA_WARPS")) warps = atoi(e) == 8 ? 8 : 4;        // experiments
+    if (const char* e = getenv("MLA_BLOCK_M")) block_m = atoi(e) == 32 ? 32 : 16;  // experiments
+    if (block_m == 32) warps = 8;
+    if (block_m == 32) {
+        fit = config_fit<CfgWide>(sm120_occupancy != 0, smem_per_sm, optin, &smem, &ctas);
+    } else if (warps == 8) {
+        fit = config_fit<Cfg8>(sm120_occupancy != 0, smem_per_sm, optin, &smem, &ctas);
+    }
     if (fit != MLA_STATUS_OK) return fit;
     const int m_rows = q_len * num_heads;
-    const int m_tiles = (m_rows + Cfg::kBlockM - 1) / Cfg::kBlockM;
+    const int m_tiles = (m_rows + block_m - 1) / block_m;
     const int target = sm_count * ctas;
     int parts = (target + m_tiles - 1) / m_tiles;
     if (parts < 1) parts = 1;
@@ -206,6 +221,7 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int3
     s->num_parts = parts;
     s->smem_bytes = smem;
     s->warps = warps;
+    s->block_m = block_m;
     s->ctas_per_sm = ctas;
     s->sm_count = sm_count;
     s->sm120_occupancy = sm120_occupancy ? 1 : 0;

@@ -46,9 +46,13 @@ namespace mla {
 // warp counts: 4 (the streaming configuration: two CTAs per H200 SM, registers at the cap)
 // and 8 (one CTA per SM, each warp with half the S and PV work: a tile computes in about
 // half the time, for steps whose CTAs each have an SM to themselves).
-template <int kWarps_>
+template <int kWarps_, int kMTiles_ = 1>
 struct TileConfig {
-    static constexpr int kBlockM = 16;   // query rows (heads x q_len) per CTA: one m16 MMA tile
+    static constexpr int kMTiles = kMTiles_;          // m16 MMA tiles of query rows per CTA
+    static constexpr int kBlockM = 16 * kMTiles;      // query rows (heads x q_len) per CTA
+    // Q: staged in shared memory (ldmatrix) with one m-tile; with two, the Q tile does not
+    // fit 99 KB beside the stages, and each thread loads its fragments from global memory.
+    static constexpr bool kQInSmem = kMTiles == 1;
     static constexpr int kBlockN = 32;   // cache rows per pipeline stage
     static constexpr int kStages = 2;
     static constexpr int kWarps = kWarps_;
@@ -64,12 +68,13 @@ struct TileConfig {
     static constexpr int kRowsPerWarp = kBlockN / kWarps;        // tile rows each warp loads
     // shared memory
     static constexpr int kKvStageBytes = kBlockN * kRowBytes;    // 36,864
-    static constexpr int kQBytes = kBlockM * kRowBytes;          // 18,432
-    static constexpr int kPartialBytes = kWarps * kSNTiles * 32 * 16;
+    static constexpr int kQBytes = kQInSmem ? kBlockM * kRowBytes : 0;  // 18,432
+    static constexpr int kPartialBytes = kWarps * kMTiles * kSNTiles * 32 * 16;
     static constexpr int kValidBytes = kStages * kBlockN * 4;
     static constexpr int kSmemBytes = kStages * kKvStageBytes + kQBytes + kPartialBytes + kValidBytes;
 
     static_assert(kWarps == 4 || kWarps == 8, "warp counts the S reduction handles");
+    static_assert(kMTiles == 1 || (kMTiles == 2 && kWarps == 8), "two m-tiles only with 8 warps");
     static_assert(kSplitN * kSplitK == kWarps, "warp split");
     static_assert(kSKSteps * 16 * kSplitK == kHeadDim, "k split");
     static_assert(kSNTiles == 2, "S code handles two n8 tiles per warp (one ldmatrix.x4)");
@@ -80,6 +85,7 @@ struct TileConfig {
 };
 using Cfg = TileConfig<4>;   // the shared constants (block sizes) and the streaming configuration
 using Cfg8 = TileConfig<8>;
+using CfgWide = TileConfig<8, 2>;  // 32 query rows per CTA: many heads
 constexpr int kTileShift = 5;  // log2(kBlockN)
 static_assert((1 << kTileShift) == Cfg::kBlockN, "tile shift");
 constexpr int kMinChunkTiles = 2;  // a part streams at least this many tiles
@@ -432,6 +438,44 @@ __device__ __forceinline__ void load_q_smem(const DecodeArgs& a, int b, int m_ti
     }
 }
 
+// At a segment start without a Q tile in shared memory: this thread's A fragments of
+// m-tile mt (rows g, g+8; k16 steps kh*kSKSteps..) straight from global memory, the layout
+// ldmatrix would give (zero past m_rows).
+template <typename C, bool kSparse>
+__device__ __forceinline__ void load_q_frags(const DecodeArgs& a, int b, int m_tile, int kh,
+                                             uint32_t (&qf)[C::kMTiles][C::kSKSteps][4]) {
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < C::kMTiles; ++mt) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const int m = m_tile * C::kBlockM + mt * 16 + g + 8 * hf;
+            const uint8_t* qn = nullptr;
+            const uint8_t* qr = nullptr;
+            if (m < a.m_rows) {
+                int token, head;
+                row_token_head<kSparse>(a, b, m, token, head);
+                qn = a.q_nope + (token * a.qn_ts + head * a.qn_hs) * 2;
+                qr = a.q_rope + (token * a.qr_ts + head * a.qr_hs) * 2;
+            }
+#pragma unroll
+            for (int ks = 0; ks < C::kSKSteps; ++ks) {
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {  // cols (kk*16 + 8c + 2tq, +1)
+                    const int col = (kh * C::kSKSteps + ks) * 16 + 8 * c + 2 * tq;
+                    uint32_t v = 0;
+                    if (qn != nullptr) {
+                        v = col < kLatentDim ? *reinterpret_cast<const uint32_t*>(qn + col * 2)
+                                             : *reinterpret_cast<const uint32_t*>(qr + (col - kLatentDim) * 2);
+                    }
+                    qf[mt][ks][hf + 2 * c] = v;
+                }
+            }
+        }
+    }
+}
+
 template <typename T, bool kSparse, typename C>
 __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs a) {
     MLA_TRACE_AT(0, 0);
@@ -467,7 +511,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
     // first tile of a part's second segment. `ahead`: tile x+1's group is already committed.
     Cursor cc{first_req, first_j, lens.len(first_req)};
     load_tile<C, kSparse>(a, cc, resolve_row<C, kSparse>(a, cc), kv_s, valid_s);
-    load_q_smem<C, kSparse>(a, cc.b, m_tile, q_s);
+    if constexpr (C::kQInSmem) load_q_smem<C, kSparse>(a, cc.b, m_tile, q_s);
     cp_async_commit();
     Cursor nc = cc;  // the next tile, its rows resolved one iteration ahead
     RowRaw nraw{0};
@@ -482,9 +526,10 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
         }
     }
 
-    float o[C::kONTiles][4];
-    float m_run[2], l_run[2];
-    uint32_t qf[C::kSKSteps][4];
+    constexpr int kMT = C::kMTiles;
+    float o[kMT][C::kONTiles][4];
+    float m_run[kMT][2], l_run[kMT][2];
+    uint32_t qf[kMT][C::kSKSteps][4];
     int seg_j0 = cc.j;
     bool seg_start = true;
 
@@ -503,19 +548,26 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
         if ((a.pdl & 4) && x + 1 == hi) grid_dependents_launch();  // MLA_PDL bit 3
 
         if (seg_start) {
-            const uint32_t q_base = smem_u32(q_s);
+            if constexpr (C::kQInSmem) {
+                const uint32_t q_base = smem_u32(q_s);
 #pragma unroll
-            for (int ks = 0; ks < C::kSKSteps; ++ks) {
-                const int kk = kh * C::kSKSteps + ks;
-                ldmatrix_x4(qf[ks], q_base + swz((mat & 1) * 8 + mrow, kk * 2 + (mat >> 1)) * 16);
+                for (int ks = 0; ks < C::kSKSteps; ++ks) {
+                    const int kk = kh * C::kSKSteps + ks;
+                    ldmatrix_x4(qf[0][ks], q_base + swz((mat & 1) * 8 + mrow, kk * 2 + (mat >> 1)) * 16);
+                }
+            } else {
+                load_q_frags<C, kSparse>(a, cc.b, m_tile, kh, qf);
             }
 #pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                m_run[hf] = -INFINITY;
-                l_run[hf] = 0.f;
-            }
+            for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-            for (int n = 0; n < C::kONTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+                for (int hf = 0; hf < 2; ++hf) {
+                    m_run[mt][hf] = -INFINITY;
+                    l_run[mt][hf] = 0.f;
+                }
+#pragma unroll
+                for (int n = 0; n < C::kONTiles; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+            }
             seg_j0 = cc.j;
         }
 
@@ -525,9 +577,9 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
         RowRaw n2raw{0};
         const bool next_seg = x + 1 < hi && nc.j == 0;
         if (x + 1 < hi && !ahead) {
-            if (seg_start && next_seg) __syncthreads();  // q_s was just read: let every warp finish
+            if (C::kQInSmem && seg_start && next_seg) __syncthreads();  // q_s was just read: let every warp finish
             load_tile<C, kSparse>(a, nc, nraw, kv_s + (stage ^ 1) * C::kKvStageBytes, valid_s + (stage ^ 1) * C::kBlockN);
-            if (next_seg) load_q_smem<C, kSparse>(a, nc.b, m_tile, q_s);
+            if (C::kQInSmem && next_seg) load_q_smem<C, kSparse>(a, nc.b, m_tile, q_s);
             cp_async_commit();
         }
         if (x + 2 < hi) {
@@ -538,124 +590,157 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
         // ---- S = Q K^T: this warp's 16 rows x 16 cache rows over its 288 dims ----
         const uint32_t kv_base = smem_u32(kv_cur);
         {
-            float sacc[2][2][4];
+            // two accumulator parities per (m-tile, n8 tile) with one m-tile (shorter chains),
+            // one with two (the two m-tiles already interleave)
+            constexpr int kPar = kMT == 1 ? 2 : 1;
+            float sacc[kMT][2][kPar][4];
 #pragma unroll
-            for (int n = 0; n < 2; ++n)
+            for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-                for (int par = 0; par < 2; ++par) sacc[n][par][0] = sacc[n][par][1] = sacc[n][par][2] = sacc[n][par][3] = 0.f;
+                for (int n = 0; n < 2; ++n)
+#pragma unroll
+                    for (int par = 0; par < kPar; ++par)
+                        sacc[mt][n][par][0] = sacc[mt][n][par][1] = sacc[mt][n][par][2] = sacc[mt][n][par][3] = 0.f;
             const int krow = nh * 16 + (mat >> 1) * 8 + mrow;
 #pragma unroll
             for (int ks = 0; ks < C::kSKSteps; ++ks) {
                 const int kk = kh * C::kSKSteps + ks;
                 uint32_t bfr[4];
                 ldmatrix_x4(bfr, kv_base + swz(krow, kk * 2 + (mat & 1)) * 16);
-                mma16816<T>(sacc[0][ks & 1], qf[ks], bfr[0], bfr[1]);
-                mma16816<T>(sacc[1][ks & 1], qf[ks], bfr[2], bfr[3]);
+#pragma unroll
+                for (int mt = 0; mt < kMT; ++mt) {
+                    mma16816<T>(sacc[mt][0][ks % kPar], qf[mt][ks], bfr[0], bfr[1]);
+                    mma16816<T>(sacc[mt][1][ks % kPar], qf[mt][ks], bfr[2], bfr[3]);
+                }
             }
 #pragma unroll
-            for (int n = 0; n < 2; ++n) {
-                part_s[(warp * 2 + n) * 32 + lane] =
-                    make_float4(sacc[n][0][0] + sacc[n][1][0], sacc[n][0][1] + sacc[n][1][1],
-                                sacc[n][0][2] + sacc[n][1][2], sacc[n][0][3] + sacc[n][1][3]);
-            }
+            for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                for (int n = 0; n < 2; ++n) {
+                    float4 v = make_float4(sacc[mt][n][0][0], sacc[mt][n][0][1], sacc[mt][n][0][2], sacc[mt][n][0][3]);
+                    if constexpr (kPar == 2) {
+                        v.x += sacc[mt][n][1][0];
+                        v.y += sacc[mt][n][1][1];
+                        v.z += sacc[mt][n][1][2];
+                        v.w += sacc[mt][n][1][3];
+                    }
+                    part_s[((warp * kMT + mt) * 2 + n) * 32 + lane] = v;
+                }
         }
         __syncthreads();
         if constexpr (C::kSplitK == 4) {
-            // Sum the four k-quarter partials in place: warp w adds up one half (rows g or
-            // g+8) of one (n-half, n8 tile) fragment, quarters in order, into quarter 0's slot.
-            const int frag = warp >> 1, h = warp & 1;
-            float2* p = reinterpret_cast<float2*>(part_s + ((frag >> 1) * 2 + (frag & 1)) * 32 + lane) + h;
-            float2 acc = *p;
+            // Sum the four k-quarter partials in place: a unit is one half (rows g or g+8) of
+            // one (n-half, m-tile, n8 tile) fragment; warp w adds up units w, w+8, ...,
+            // quarters in order, into quarter 0's slot.
 #pragma unroll
-            for (int q = 1; q < 4; ++q) {
-                const float2 u = *(p + q * C::kSplitN * 2 * 32 * 2);  // warp nh + q*kSplitN, same n8 tile
-                acc.x += u.x;
-                acc.y += u.y;
+            for (int u = warp; u < 2 * 2 * kMT * 2; u += C::kWarps) {
+                const int h = u & 1, n = (u >> 1) & 1, mt = (u >> 2) % kMT, nhu = (u >> 2) / kMT;
+                float2* p = reinterpret_cast<float2*>(part_s + ((nhu * kMT + mt) * 2 + n) * 32 + lane) + h;
+                float2 acc = *p;
+#pragma unroll
+                for (int q = 1; q < 4; ++q) {
+                    // warp nhu + q*kSplitN, same m-tile and n8 tile
+                    const float2 u2 = *(p + q * C::kSplitN * kMT * 2 * 32 * 2);
+                    acc.x += u2.x;
+                    acc.y += u2.y;
+                }
+                *p = acc;
             }
-            *p = acc;
             __syncthreads();
         }
         if (x == lo) MLA_TRACE_AT(0, 6);
 
         // ---- full S (every warp, same order: identical in all warps), mask, online softmax ----
-        float s[4][4];
+        float s[kMT][4][4];
 #pragma unroll
-        for (int jn = 0; jn < 4; ++jn) {
-            const int nhj = jn >> 1, ntl = jn & 1;
-            const float4 p0 = part_s[(nhj * 2 + ntl) * 32 + lane];
-            if constexpr (C::kSplitK == 2) {
-                const float4 p1 = part_s[((nhj + C::kSplitN) * 2 + ntl) * 32 + lane];
-                s[jn][0] = p0.x + p1.x;
-                s[jn][1] = p0.y + p1.y;
-                s[jn][2] = p0.z + p1.z;
-                s[jn][3] = p0.w + p1.w;
-            } else {
-                s[jn][0] = p0.x;
-                s[jn][1] = p0.y;
-                s[jn][2] = p0.z;
-                s[jn][3] = p0.w;
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int jn = 0; jn < 4; ++jn) {
+                const int nhj = jn >> 1, ntl = jn & 1;
+                const float4 p0 = part_s[((nhj * kMT + mt) * 2 + ntl) * 32 + lane];
+                if constexpr (C::kSplitK == 2) {
+                    const float4 p1 = part_s[(((nhj + C::kSplitN) * kMT + mt) * 2 + ntl) * 32 + lane];
+                    s[mt][jn][0] = p0.x + p1.x;
+                    s[mt][jn][1] = p0.y + p1.y;
+                    s[mt][jn][2] = p0.z + p1.z;
+                    s[mt][jn][3] = p0.w + p1.w;
+                } else {
+                    s[mt][jn][0] = p0.x;
+                    s[mt][jn][1] = p0.y;
+                    s[mt][jn][2] = p0.z;
+                    s[mt][jn][3] = p0.w;
+                }
             }
-        }
         const int pos0 = cc.j << kTileShift;
-        float alpha[2];
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            // Causal limit of query row m (dense MTP): position i of q_len sees cache rows
-            // < len - q_len + i + 1 (recomputed per tile: no registers held across the loop).
-            const int row_lim = kSparse ? 0x7fffffff
-                                        : cc.len - a.q_len + 1 + (m_tile * C::kBlockM + g + 8 * hf) / a.num_heads;
-            float mx = -INFINITY;
+        for (int mt = 0; mt < kMT; ++mt) {
+            float alpha[2];
 #pragma unroll
-            for (int jn = 0; jn < 4; ++jn)
+            for (int hf = 0; hf < 2; ++hf) {
+                // Causal limit of query row m (dense MTP): position i of q_len sees cache rows
+                // < len - q_len + i + 1 (recomputed per tile: no registers held across the loop).
+                const int row_lim =
+                    kSparse ? 0x7fffffff
+                            : cc.len - a.q_len + 1 + (m_tile * C::kBlockM + mt * 16 + g + 8 * hf) / a.num_heads;
+                float mx = -INFINITY;
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int col = jn * 8 + 2 * tq + e;
-                    const bool ok = valid_cur[col] != 0 && pos0 + col < row_lim;
-                    const float v = ok ? s[jn][hf * 2 + e] * a.scale_log2 : -INFINITY;
-                    s[jn][hf * 2 + e] = v;
-                    mx = fmaxf(mx, v);
+                for (int jn = 0; jn < 4; ++jn)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int col = jn * 8 + 2 * tq + e;
+                        const bool ok = valid_cur[col] != 0 && pos0 + col < row_lim;
+                        const float v = ok ? s[mt][jn][hf * 2 + e] * a.scale_log2 : -INFINITY;
+                        s[mt][jn][hf * 2 + e] = v;
+                        mx = fmaxf(mx, v);
+                    }
+                mx = warp_max4(mx);
+                const float m_new = fmaxf(m_run[mt][hf], mx);
+                const float base = (m_new == -INFINITY) ? 0.f : m_new;
+                alpha[hf] = exp2f(m_run[mt][hf] - base);  // m_run = -inf -> 0
+                float sum = 0.f;
+#pragma unroll
+                for (int jn = 0; jn < 4; ++jn)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float pe = exp2f(s[mt][jn][hf * 2 + e] - base);
+                        s[mt][jn][hf * 2 + e] = pe;
+                        sum += pe;
+                    }
+                l_run[mt][hf] = l_run[mt][hf] * alpha[hf] + sum;
+                m_run[mt][hf] = m_new;
+            }
+            if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // the running max moved
+#pragma unroll
+                for (int n = 0; n < C::kONTiles; ++n) {
+                    o[mt][n][0] *= alpha[0];
+                    o[mt][n][1] *= alpha[0];
+                    o[mt][n][2] *= alpha[1];
+                    o[mt][n][3] *= alpha[1];
                 }
-            mx = warp_max4(mx);
-            const float m_new = fmaxf(m_run[hf], mx);
-            const float base = (m_new == -INFINITY) ? 0.f : m_new;
-            alpha[hf] = exp2f(m_run[hf] - base);  // m_run = -inf -> 0
-            float sum = 0.f;
-#pragma unroll
-            for (int jn = 0; jn < 4; ++jn)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float pe = exp2f(s[jn][hf * 2 + e] - base);
-                    s[jn][hf * 2 + e] = pe;
-                    sum += pe;
-                }
-            l_run[hf] = l_run[hf] * alpha[hf] + sum;
-            m_run[hf] = m_new;
-        }
-        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // the running max moved
-#pragma unroll
-            for (int n = 0; n < C::kONTiles; ++n) {
-                o[n][0] *= alpha[0];
-                o[n][1] *= alpha[0];
-                o[n][2] *= alpha[1];
-                o[n][3] *= alpha[1];
             }
         }
 
-        // ---- O += P V over this warp's 128 output dims ----
+        // ---- O += P V over this warp's output dims (each V fragment serves every m-tile) ----
 #pragma unroll
         for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
-            uint32_t pa[4];
-            pa[0] = Elem<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-            pa[1] = Elem<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-            pa[2] = Elem<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[3] = Elem<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            uint32_t pa[kMT][4];
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+                pa[mt][0] = Elem<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                pa[mt][1] = Elem<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                pa[mt][2] = Elem<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                pa[mt][3] = Elem<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
             const int vrow = kk * 16 + (mat & 1) * 8 + mrow;
 #pragma unroll
             for (int pr = 0; pr < C::kONTiles / 2; ++pr) {
                 uint32_t bfr[4];
                 ldmatrix_x4_trans(bfr, kv_base + swz(vrow, (warp * C::kODims + pr * 16) / 8 + (mat >> 1)) * 16);
-                mma16816<T>(o[2 * pr], pa, bfr[0], bfr[1]);
-                mma16816<T>(o[2 * pr + 1], pa, bfr[2], bfr[3]);
+#pragma unroll
+                for (int mt = 0; mt < kMT; ++mt) {
+                    mma16816<T>(o[mt][2 * pr], pa[mt], bfr[0], bfr[1]);
+                    mma16816<T>(o[mt][2 * pr + 1], pa[mt], bfr[2], bfr[3]);
+                }
             }
         }
 
@@ -666,42 +751,45 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
             const bool whole = (seg_j0 == 0) && (cc.j + 1 == cc.ntiles());
             const int slot = 2 * part + (cc.b == first_req ? 0 : 1);
 #pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                const float l = warp_sum4(l_run[hf]);
-                const float inv = l > 0.f ? 1.f / l : 0.f;
-                const float lse2 = l > 0.f ? m_run[hf] + log2f(l) : -INFINITY;
-                const int m = m_tile * C::kBlockM + g + 8 * hf;
-                if (m < a.m_rows) {
-                    if (whole) {
-                        int token, head;
-                        row_token_head<kSparse>(a, cc.b, m, token, head);
-                        T* dst = reinterpret_cast<T*>(a.out) + token * a.out_ts + head * a.out_hs + warp * C::kODims + 2 * tq;
+            for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-                        for (int n = 0; n < C::kONTiles; ++n) {
-                            *reinterpret_cast<uint32_t*>(dst + n * 8) =
-                                Elem<T>::pack(o[n][2 * hf] * inv, o[n][2 * hf + 1] * inv);
-                        }
-                        if (warp == 0 && tq == 0 && a.lse != nullptr) {
-                            a.lse[token * a.lse_ts + head * a.lse_hs] = lse2 * kLn2;
-                        }
-                    } else {
-                        const size_t row = static_cast<size_t>(slot) * a.m_rows + m;
-                        float* dst = a.ws_o + row * kLatentDim + warp * C::kODims + 2 * tq;
+                for (int hf = 0; hf < 2; ++hf) {
+                    const float l = warp_sum4(l_run[mt][hf]);
+                    const float inv = l > 0.f ? 1.f / l : 0.f;
+                    const float lse2 = l > 0.f ? m_run[mt][hf] + log2f(l) : -INFINITY;
+                    const int m = m_tile * C::kBlockM + mt * 16 + g + 8 * hf;
+                    if (m < a.m_rows) {
+                        if (whole) {
+                            int token, head;
+                            row_token_head<kSparse>(a, cc.b, m, token, head);
+                            T* dst = reinterpret_cast<T*>(a.out) + token * a.out_ts + head * a.out_hs + warp * C::kODims + 2 * tq;
 #pragma unroll
-                        for (int n = 0; n < C::kONTiles; ++n) {
-                            *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * hf] * inv, o[n][2 * hf + 1] * inv);
+                            for (int n = 0; n < C::kONTiles; ++n) {
+                                *reinterpret_cast<uint32_t*>(dst + n * 8) =
+                                    Elem<T>::pack(o[mt][n][2 * hf] * inv, o[mt][n][2 * hf + 1] * inv);
+                            }
+                            if (warp == 0 && tq == 0 && a.lse != nullptr) {
+                                a.lse[token * a.lse_ts + head * a.lse_hs] = lse2 * kLn2;
+                            }
+                        } else {
+                            const size_t row = static_cast<size_t>(slot) * a.m_rows + m;
+                            float* dst = a.ws_o + row * kLatentDim + warp * C::kODims + 2 * tq;
+#pragma unroll
+                            for (int n = 0; n < C::kONTiles; ++n) {
+                                *reinterpret_cast<float2*>(dst + n * 8) =
+                                    make_float2(o[mt][n][2 * hf] * inv, o[mt][n][2 * hf + 1] * inv);
+                            }
+                            if (warp == 0 && tq == 0) a.ws_lse[row] = lse2;
                         }
-                        if (warp == 0 && tq == 0) a.ws_lse[row] = lse2;
                     }
                 }
-            }
         }
         // Tile x+2 into this stage once every warp is done with it (and with q_s).
         bool ahead_next = false;
-        if (x + 2 < hi && !(next_seg && n2.j == 0)) {
+        if (x + 2 < hi && !(C::kQInSmem && next_seg && n2.j == 0)) {
             __syncthreads();
             load_tile<C, kSparse>(a, n2, n2raw, kv_cur, valid_s + stage * C::kBlockN);
-            if (n2.j == 0) load_q_smem<C, kSparse>(a, n2.b, m_tile, q_s);
+            if (C::kQInSmem && n2.j == 0) load_q_smem<C, kSparse>(a, n2.b, m_tile, q_s);
             cp_async_commit();
             ahead_next = true;
         }

@@ -88,6 +88,7 @@ typedef struct {
                                start, bit 3 at each CTA's last tile (default 9) */
     int32_t min_chunk;      /* fewest 32-row tiles a split-KV part streams */
     int32_t warps;          /* 4 or 8: warps per decode CTA (8: each warp half the S and PV work) */
+    int32_t block_m;        /* query rows per decode CTA: 16, or 32 (8 warps, Q fragments from global) */
     int32_t combine_slices; /* 1 or 4: the combine splits each merged row's 512 dims over this
                                many CTAs (more CTAs read the pieces when few rows split) */
 } mla_schedule_t;
