@@ -185,7 +185,9 @@ mla_status_t mla_gather_slots(const int32_t* positions, int32_t positions_stride
                               int32_t out_stride, uint32_t* error_flag, void* stream);
 
 /* ---- build information ---------------------------------------------------------- */
-/* Static shared memory etc. of the tile configuration, for the resource gate and docs. */
+/* Static shared memory etc. of the default (streaming, 4-warp, 16-row) tile configuration,
+ * for the resource gate and docs; a schedule may pick an 8-warp one instead (its warps and
+ * block_m fields say which; docs/PERFORMANCE.md, "The tile configuration"). */
 typedef struct {
     int32_t block_m;        /* query rows per CTA */
     int32_t block_n;        /* cache rows per pipeline stage */
