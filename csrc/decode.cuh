@@ -8,11 +8,16 @@
 //     requests' tiles are laid end to end and each of num_parts parts gets `chunk`
 //     consecutive tiles, so one part may cover the end of one request and the start of the
 //     next. There is no plan buffer: every CTA derives its part from the lengths (find_part).
-//   - CTA (m_tile, part) runs the query rows [16*m_tile, 16*m_tile+16) of every request
-//     its part touches, streaming the tiles through a cp.async double buffer. A request
+//   - CTA (m_tile, part) runs the query rows [kBlockM*m_tile, +kBlockM) of every request
+//     its part touches (kBlockM = 16, or 32 in the many-head configuration), streaming the
+//     tiles through a cp.async double buffer with two tiles in flight. A request
 //     that lies wholly inside one part is written straight to `out`; the pieces of a
 //     split request go to the workspace (slot 2*part for the part's first request,
 //     2*part+1 for its last) and combine_kernel merges them in part order (deterministic).
+//   - Three tile configurations (TileConfig<warps, m-tiles>), picked per shape by
+//     mla_schedule_init: 4 warps x 16 rows (streaming; two CTAs per H200 SM), 8 warps x 16
+//     rows (steps of a few tiles per SM), 8 warps x 32 rows (many heads where one CTA fills
+//     an SM, i.e. sm_120).
 #pragma once
 
 #include "common.cuh"
