@@ -28,8 +28,9 @@ const USAGE: &str = "\
 usage: cargo bench --bench decode -- [OPTIONS]
 
   --case SPEC                 a case to run instead of the default grid (repeatable):
-                                dense:b=64,q=1,h=8,l=4096,bs=64,dtype=bf16
-                                  (b, h, l required; q=1, bs=64, dtype=bf16 by default)
+                                dense:b=64,q=1,h=8,l=4096,bs=64,dtype=bf16[,long=N]
+                                  (b, h, l required; q=1, bs=64, dtype=bf16 by default;
+                                  long=N: request 0 has N tokens, a mixed-length batch)
                                 sparse:t=128,h=8,k=2048,dtype=bf16[,pool=65536][,bs=64]
                                   (t, h required; slot ids drawn without repeats per
                                   token from `pool` cache slots)

@@ -350,7 +350,15 @@ impl<T: Element> DenseCase<T> {
             q_len: spec.q_len,
             heads: spec.heads,
             block_size: spec.block_size,
-            seq_lens: vec![i32::try_from(spec.seq_len)?; spec.batch],
+            seq_lens: (0..spec.batch)
+                .map(|b| {
+                    i32::try_from(if b == 0 && spec.long > 0 {
+                        spec.long
+                    } else {
+                        spec.seq_len
+                    })
+                })
+                .collect::<Result<_, _>>()?,
             softmax_scale: bench_softmax_scale(),
         };
         Self::new(stream, CaseSpec::Dense(*spec).name(), setup, rng)

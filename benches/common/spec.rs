@@ -23,13 +23,15 @@ pub const DEFAULT_TOPK: usize = 2048;
 /// Sequence length of each request of a gather case unless it names `l`.
 pub const DEFAULT_GATHER_LEN: usize = 65_536;
 
-/// Dense paged decode: `batch` requests of `seq_len` cached tokens, `q_len` query rows each.
+/// Dense paged decode: `batch` requests of `seq_len` cached tokens, `q_len` query rows each;
+/// with `long` > 0, request 0 has `long` tokens instead (a mixed-length batch).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DenseSpec {
     pub batch: usize,
     pub q_len: usize,
     pub heads: usize,
     pub seq_len: usize,
+    pub long: usize,
     pub block_size: usize,
     pub dtype: DType,
 }
@@ -105,6 +107,7 @@ impl CaseSpec {
                 q_len: f.ranged("q", Some(1), 1..=MAX_Q_LEN)?,
                 heads: f.ranged("h", None, 1..=MAX_HEADS)?,
                 seq_len: f.count("l", None)?,
+                long: f.ranged("long", Some(0), 0..=usize::MAX)?,
                 block_size: f.block_size()?,
                 dtype: f.dtype()?,
             }),
@@ -150,6 +153,9 @@ impl CaseSpec {
             CaseSpec::Dense(d) if d.seq_len < d.q_len => {
                 Err(format!("l={} is shorter than q={}", d.seq_len, d.q_len))
             }
+            CaseSpec::Dense(d) if d.long > 0 && d.long < d.q_len => {
+                Err(format!("long={} is shorter than q={}", d.long, d.q_len))
+            }
             _ => Ok(()),
         }
     }
@@ -178,11 +184,17 @@ impl CaseSpec {
 impl fmt::Display for CaseSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            CaseSpec::Dense(d) => write!(
-                f,
-                "dense:b={},q={},h={},l={},bs={},dtype={}",
-                d.batch, d.q_len, d.heads, d.seq_len, d.block_size, d.dtype
-            ),
+            CaseSpec::Dense(d) => {
+                write!(
+                    f,
+                    "dense:b={},q={},h={},l={},bs={},dtype={}",
+                    d.batch, d.q_len, d.heads, d.seq_len, d.block_size, d.dtype
+                )?;
+                if d.long > 0 {
+                    write!(f, ",long={}", d.long)?;
+                }
+                Ok(())
+            }
             CaseSpec::Sparse(s) => {
                 write!(
                     f,
