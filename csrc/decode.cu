@@ -68,6 +68,10 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
     if (s->combine_slices != 1 && s->combine_slices != 4) return MLA_STATUS_INVALID_ARGUMENT;
     if ((s->warps != 4 && s->warps != 8) || (s->block_m != 16 && !(s->block_m == 32 && s->warps == 8)))
         return MLA_STATUS_INVALID_ARGUMENT;
+    // A schedule edited by hand must still match the configuration it launches.
+    const int need_smem = s->block_m == 32 ? CfgWide::kSmemBytes : s->warps == 8 ? Cfg8::kSmemBytes : Cfg::kSmemBytes;
+    if (s->smem_bytes < need_smem || s->num_m_tiles != (a.m_rows + s->block_m - 1) / s->block_m || s->num_parts < 1)
+        return MLA_STATUS_INVALID_ARGUMENT;
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     if (dtype == MLA_DTYPE_BF16) return launch_typed<__nv_bfloat16, kSparse>(s, a, st);
     if (dtype == MLA_DTYPE_F16) return launch_typed<__half, kSparse>(s, a, st);

@@ -550,7 +550,9 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
         __syncthreads();
         if (x == lo) MLA_TRACE_AT(0, 3);
         if (x + 1 == hi) MLA_TRACE_AT(0, 4);
-        if ((a.pdl & 4) && x + 1 == hi) grid_dependents_launch();  // MLA_PDL bit 3
+        // MLA_PDL bit 3. Every trigger must come after this CTA's grid_dependency_wait():
+        // combine_kernel reads the lengths before its own wait, relying on that.
+        if ((a.pdl & 4) && x + 1 == hi) grid_dependents_launch();
 
         if (seg_start) {
             if constexpr (C::kQInSmem) {
