@@ -43,19 +43,26 @@ int combine_slices(const mla_schedule_t* s) {
     return 2 * ctas <= s->sm_count ? 4 : 1;
 }
 
+// Calls f(C{}) with the tile configuration C that (warps, block_m) name: 32 rows -> CfgWide
+// (always 8 warps), else 8 warps -> Cfg8, else Cfg. The schedule, the launch and its
+// argument check all pick the configuration through this one mapping.
+template <typename F>
+auto with_config(int warps, int block_m, F&& f) {
+    if (block_m == 32) return f(CfgWide{});
+    if (warps == 8) return f(Cfg8{});
+    return f(Cfg{});
+}
+
 template <typename T, bool kSparse>
 mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& a, cudaStream_t st) {
     const dim3 grid(s->num_m_tiles, s->num_parts);
     const int z = s->combine_slices;
     const dim3 cgrid(max_splits(s->batch, s->num_parts), (a.m_rows + a.combine_rows - 1) / a.combine_rows, z);
     auto* combine = z == 4 ? combine_kernel<T, kSparse, 1> : combine_kernel<T, kSparse, 4>;
-    if (s->block_m == 32) {
-        MLA_CUDA_TRY((launch_pdl(decode_kernel<T, kSparse, CfgWide>, grid, CfgWide::kThreads, s->smem_bytes, st, s->pdl, a)));
-    } else if (s->warps == 8) {
-        MLA_CUDA_TRY((launch_pdl(decode_kernel<T, kSparse, Cfg8>, grid, Cfg8::kThreads, s->smem_bytes, st, s->pdl, a)));
-    } else {
-        MLA_CUDA_TRY((launch_pdl(decode_kernel<T, kSparse, Cfg>, grid, Cfg::kThreads, s->smem_bytes, st, s->pdl, a)));
-    }
+    MLA_CUDA_TRY(with_config(s->warps, s->block_m, [&](auto c) {
+        using C = decltype(c);
+        return launch_pdl(decode_kernel<T, kSparse, C>, grid, C::kThreads, s->smem_bytes, st, s->pdl, a);
+    }));
     MLA_CUDA_TRY((launch_pdl(combine, cgrid, kCombineWarps * 32, 0, st, s->pdl, a)));
     return MLA_STATUS_OK;
 }
@@ -69,7 +76,7 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
     if ((s->warps != 4 && s->warps != 8) || (s->block_m != 16 && !(s->block_m == 32 && s->warps == 8)))
         return MLA_STATUS_INVALID_ARGUMENT;
     // A schedule edited by hand must still match the configuration it launches.
-    const int need_smem = s->block_m == 32 ? CfgWide::kSmemBytes : s->warps == 8 ? Cfg8::kSmemBytes : Cfg::kSmemBytes;
+    const int need_smem = with_config(s->warps, s->block_m, [](auto c) { return decltype(c)::kSmemBytes; });
     if (s->smem_bytes < need_smem || s->num_m_tiles != (a.m_rows + s->block_m - 1) / s->block_m || s->num_parts < 1)
         return MLA_STATUS_INVALID_ARGUMENT;
     cudaStream_t st = static_cast<cudaStream_t>(stream);
@@ -175,8 +182,9 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int3
     MLA_REQUIRE(s != nullptr);
     MLA_REQUIRE(batch >= 1 && q_len >= 1 && q_len <= MLA_MAX_Q_LEN && num_heads >= 1 && num_heads <= MLA_MAX_HEADS);
     MLA_REQUIRE(max_len >= 1 && max_len <= 0x7fffffff - 31);
-    // the plan counts 32-row tiles in int32
-    MLA_REQUIRE(static_cast<int64_t>(batch) * ((static_cast<int64_t>(max_len) + 31) / 32) <= 0x7fffffffLL);
+    // the split counts 32-row tiles of all requests (at max_len) in int32
+    const int64_t all_tiles = static_cast<int64_t>(batch) * ((static_cast<int64_t>(max_len) + Cfg::kBlockN - 1) / Cfg::kBlockN);
+    MLA_REQUIRE(all_tiles <= 0x7fffffffLL);
     int dev = 0;
     MLA_CUDA_TRY(cudaGetDevice(&dev));
     int sm_count = 0, smem_per_sm = 0, optin = 0, major = 0;
@@ -195,8 +203,7 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int3
     // (each K and V fragment serves two m-tiles); else 8 warps per CTA when the step has at
     // most two tiles per SM (b=1, t=1: every CTA has an SM to itself either way, and 8 warps
     // finish its tiles sooner); else 4 warps, two CTAs per H200 SM.
-    const int64_t max_tiles = static_cast<int64_t>(batch) * ((static_cast<int64_t>(max_len) + 31) / 32) *
-                              ((static_cast<int64_t>(q_len) * num_heads + Cfg::kBlockM - 1) / Cfg::kBlockM);
+    const int64_t max_tiles = all_tiles * ((static_cast<int64_t>(q_len) * num_heads + Cfg::kBlockM - 1) / Cfg::kBlockM);
     int smem = 0, ctas = 0;
     mla_status_t fit = config_fit<Cfg>(sm120_occupancy != 0, smem_per_sm, optin, &smem, &ctas);
     if (fit != MLA_STATUS_OK) return fit;
@@ -205,11 +212,9 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int3
     if (const char* e = getenv("MLA_WARPS")) warps = atoi(e) == 8 ? 8 : 4;        // experiments
     if (const char* e = getenv("MLA_BLOCK_M")) block_m = atoi(e) == 32 ? 32 : 16;  // experiments
     if (block_m == 32) warps = 8;
-    if (block_m == 32) {
-        fit = config_fit<CfgWide>(sm120_occupancy != 0, smem_per_sm, optin, &smem, &ctas);
-    } else if (warps == 8) {
-        fit = config_fit<Cfg8>(sm120_occupancy != 0, smem_per_sm, optin, &smem, &ctas);
-    }
+    fit = with_config(warps, block_m, [&](auto c) {
+        return config_fit<decltype(c)>(sm120_occupancy != 0, smem_per_sm, optin, &smem, &ctas);
+    });
     if (fit != MLA_STATUS_OK) return fit;
     const int m_rows = q_len * num_heads;
     const int m_tiles = (m_rows + block_m - 1) / block_m;
