@@ -110,6 +110,47 @@ __device__ __forceinline__ void grid_dependents_launch() {
 #endif
 }
 
+// The special-function unit's approximations (one MUFU instruction each; the libm forms
+// add range handling that is dozens of dependent instructions on a small step's critical
+// path). Relative error ~2^-22, far below bf16/f16 rounding. ex2(-inf) = 0; the arguments
+// of lg2 and rcp here are sums of weights >= 1 (normal numbers).
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float fast_log2(float x) {
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float fast_rcp(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// n / d for 0 <= n < 2^31 and a divisor 1 <= d < 2^31 fixed on the host: a multiply-high,
+// an add and a shift instead of the ~25-instruction integer division (Granlund and
+// Montgomery's round-up multiplier: s = ceil(log2 d), m = floor(2^32 (2^s - d) / d) + 1;
+// exact for n < 2^31, where the add cannot overflow).
+struct FastDiv {
+    uint32_t mul, shift;
+    int32_t d;
+    static FastDiv make(int32_t d) {
+        FastDiv f;
+        f.d = d;
+        f.shift = 0;
+        while ((1ull << f.shift) < static_cast<uint64_t>(d)) ++f.shift;
+        f.mul = static_cast<uint32_t>(((1ull << 32) * ((1ull << f.shift) - static_cast<uint64_t>(d))) /
+                                          static_cast<uint64_t>(d) + 1);
+        return f;
+    }
+    __device__ __forceinline__ int div(int n) const {
+        return static_cast<int>((__umulhi(static_cast<uint32_t>(n), mul) + static_cast<uint32_t>(n)) >> shift);
+    }
+};
+
 __device__ __forceinline__ float warp_max4(float v) {  // over the 4 lanes of a quad
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));

@@ -67,6 +67,18 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& a, cudaStre
     return MLA_STATUS_OK;
 }
 
+// The kernels' divisors, on the host (DecodeArgs::parts_div, heads_div, closed_*).
+void prepare_split(DecodeArgs& a) {
+    a.parts_div = FastDiv::make(a.num_parts);
+    a.heads_div = FastDiv::make(a.num_heads);
+    const int t = a.max_len / Cfg::kBlockN + (a.max_len % Cfg::kBlockN != 0 ? 1 : 0);  // as Lens::tiles_of
+    a.closed_tiles = FastDiv::make(t > 1 ? t : 1);
+    // batch * tiles <= INT32_MAX (mla_schedule_init checks it)
+    a.closed_total = static_cast<int32_t>(static_cast<int64_t>(a.batch) * a.closed_tiles.d);
+    const int q = a.closed_total / a.num_parts + (a.closed_total % a.num_parts != 0 ? 1 : 0);
+    a.closed_chunk = FastDiv::make(q > a.min_chunk ? q : a.min_chunk);
+}
+
 template <bool kSparse>
 mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dtype, void* stream) {
     int dev = -1;
@@ -269,6 +281,7 @@ extern "C" mla_status_t mla_dense_decode(const mla_schedule_t* s, const mla_dens
     a.table_stride = p->block_table_stride;
     a.table_cols = p->max_blocks_per_seq;
     a.combine_rows = combine_rows(s);
+    prepare_split(a);
     return launch<false>(s, a, p->dtype, stream);
 }
 
@@ -283,6 +296,7 @@ extern "C" mla_status_t mla_sparse_decode(const mla_schedule_t* s, const mla_spa
     a.table_stride = p->indices_stride;
     a.table_cols = p->topk;
     a.combine_rows = combine_rows(s);
+    prepare_split(a);
     return launch<true>(s, a, p->dtype, stream);
 }
 

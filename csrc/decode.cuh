@@ -106,8 +106,10 @@ __host__ __device__ inline int max_splits(int batch, int parts) {
     const int m = parts - 1 < batch ? parts - 1 : batch;
     return m > 1 ? m : 1;
 }
-__device__ __forceinline__ int split_chunk(int total, int parts, int min_chunk) {
-    return max(total / parts + (total % parts != 0 ? 1 : 0), min_chunk);  // no total + parts overflow
+// parts: a FastDiv of num_parts (the division is on every CTA's critical path).
+__device__ __forceinline__ int split_chunk(int total, const FastDiv& parts, int min_chunk) {
+    const int q = parts.div(total);
+    return max(q + (total != q * parts.d ? 1 : 0), min_chunk);  // no total + parts overflow
 }
 // First tile of `part` (int64: part * chunk may pass INT_MAX), or total if it has none.
 __device__ __forceinline__ int part_lo(int part, int chunk, int total) {
@@ -164,6 +166,13 @@ struct DecodeArgs {
     uint32_t* flag;
     int32_t pdl;           // mla_schedule_t::pdl >> 1: bit 1 = trigger the combine launch early, bit 2 = at the last tile
     int32_t combine_rows;  // query rows per combine CTA: 1 (8 warps per row) or 8 (a warp per row)
+    // Divisions prepared on the host: by num_parts and num_heads; and without lengths (every
+    // request has max_len rows: the closed form) the tiles per request, the total and the chunk.
+    FastDiv parts_div;
+    FastDiv heads_div;     // num_heads (dense query row m -> query position m / num_heads)
+    FastDiv closed_tiles;  // tiles_of(max_len)
+    FastDiv closed_chunk;  // split_chunk(batch * tiles_of(max_len), ...)
+    int32_t closed_total;
 };
 
 // Inclusive sum over the CTA's kThreads threads (every thread calls it); scratch holds
@@ -235,17 +244,20 @@ template <int kThreads>
 __device__ __forceinline__ PartPos find_part(const DecodeArgs& a, const Lens& lens, int part, bool record,
                                              int* scratch) {
     PartPos p;
-    if (lens.p == nullptr) {
-        const int t = Lens::tiles_of(lens.max_len);
-        p.total = a.batch * t;
-        p.lo = part_lo(part, split_chunk(p.total, a.num_parts, a.min_chunk), p.total);
-        p.first_req = p.lo / t;
-        p.first_j = p.lo - p.first_req * t;
+    int chunk;
+    if (lens.p == nullptr) {  // everything but the part's position was computed on the host
+        p.total = a.closed_total;
+        p.lo = part_lo(part, a.closed_chunk.d, p.total);
+        p.first_req = a.closed_tiles.div(p.lo);
+        p.first_j = p.lo - p.first_req * a.closed_tiles.d;
+        p.hi = p.lo + min(a.closed_chunk.d, p.total - p.lo);
+        return p;
     } else if (a.batch <= kThreads) {
         const int b = threadIdx.x;
         const int t = b < a.batch ? lens.tiles_checked(b, record, a.flag) : 0;
         const int incl = block_inclusive_sum<kThreads>(t, scratch, &p.total);
-        p.lo = part_lo(part, split_chunk(p.total, a.num_parts, a.min_chunk), p.total);
+        chunk = split_chunk(p.total, a.parts_div, a.min_chunk);
+        p.lo = part_lo(part, chunk, p.total);
         if (b < a.batch && incl - t <= p.lo && p.lo < incl) {
             scratch[32] = b;
             scratch[33] = p.lo - (incl - t);
@@ -256,7 +268,8 @@ __device__ __forceinline__ PartPos find_part(const DecodeArgs& a, const Lens& le
         __syncthreads();  // the caller reuses scratch
     } else {
         p.total = total_tiles<kThreads>(a, lens, record, scratch);
-        p.lo = part_lo(part, split_chunk(p.total, a.num_parts, a.min_chunk), p.total);
+        chunk = split_chunk(p.total, a.parts_div, a.min_chunk);
+        p.lo = part_lo(part, chunk, p.total);
         p.first_req = p.first_j = 0;
         if (p.lo < p.total) {
             const int lo = p.lo;
@@ -273,7 +286,7 @@ __device__ __forceinline__ PartPos find_part(const DecodeArgs& a, const Lens& le
             __syncthreads();
         }
     }
-    p.hi = p.lo + min(split_chunk(p.total, a.num_parts, a.min_chunk), p.total - p.lo);
+    p.hi = p.lo + min(chunk, p.total - p.lo);
     return p;
 }
 
@@ -283,8 +296,14 @@ __device__ __forceinline__ PartPos find_part(const DecodeArgs& a, const Lens& le
 template <int kThreads>
 __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens, int k, int* scratch, int* found) {
     constexpr int kW = kThreads / 32;
+    // first and last part of request b (tiles [start, start + t)): a FastDiv when the chunk
+    // is known on the host (closed form), else an unsigned division
+    auto part_of = [&](int tile, int chunk) {
+        return lens.p == nullptr ? a.closed_chunk.div(tile)
+                                 : static_cast<int>(static_cast<uint32_t>(tile) / static_cast<uint32_t>(chunk));
+    };
     auto check = [&](bool valid, int b, int start, int t, int chunk, int& count) {
-        const int first = start / chunk, last = (start + t - 1) / chunk;
+        const int first = part_of(start, chunk), last = part_of(start + t - 1, chunk);
         const int split = valid && first != last ? 1 : 0;
         int n;
         const int idx = count + block_inclusive_sum<kThreads>(split, scratch + kW, &n) - split;
@@ -305,10 +324,11 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
         const int t = valid ? lens.tiles(b) : 0;
         int total;
         const int incl = block_inclusive_sum<kThreads>(t, scratch, &total);
-        const int chunk = split_chunk(total, a.num_parts, a.min_chunk);
+        const int chunk = lens.p == nullptr ? a.closed_chunk.d : split_chunk(total, a.parts_div, a.min_chunk);
         return __syncthreads_or(check(valid, b, incl - t, t, chunk, count));
     }
-    const int chunk = split_chunk(total_tiles<kThreads>(a, lens, false, scratch), a.num_parts, a.min_chunk);
+    const int chunk = lens.p == nullptr ? a.closed_chunk.d
+                                        : split_chunk(total_tiles<kThreads>(a, lens, false, scratch), a.parts_div, a.min_chunk);
     return scan_requests<kThreads>(a, lens, scratch, [&](bool valid, int b, int start, int t) {
         return check(valid, b, start, t, chunk, count);
     });
@@ -336,7 +356,7 @@ __device__ __forceinline__ void row_token_head(const DecodeArgs& a, int b, int m
         token = b;
         head = m;
     } else {
-        const int i = m / a.num_heads;
+        const int i = a.heads_div.div(m);
         token = b * a.q_len + i;
         head = m - i * a.num_heads;
     }
@@ -703,13 +723,13 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
                 mx = warp_max4(mx);
                 const float m_new = fmaxf(m_run[mt][hf], mx);
                 const float base = (m_new == -INFINITY) ? 0.f : m_new;
-                alpha[hf] = exp2f(m_run[mt][hf] - base);  // m_run = -inf -> 0
+                alpha[hf] = fast_exp2(m_run[mt][hf] - base);  // m_run = -inf -> 0
                 float sum = 0.f;
 #pragma unroll
                 for (int jn = 0; jn < 4; ++jn)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
-                        const float pe = exp2f(s[mt][jn][hf * 2 + e] - base);
+                        const float pe = fast_exp2(s[mt][jn][hf * 2 + e] - base);
                         s[mt][jn][hf * 2 + e] = pe;
                         sum += pe;
                     }
@@ -762,8 +782,8 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
 #pragma unroll
                 for (int hf = 0; hf < 2; ++hf) {
                     const float l = warp_sum4(l_run[mt][hf]);
-                    const float inv = l > 0.f ? 1.f / l : 0.f;
-                    const float lse2 = l > 0.f ? m_run[mt][hf] + log2f(l) : -INFINITY;
+                    const float inv = l > 0.f ? fast_rcp(l) : 0.f;
+                    const float lse2 = l > 0.f ? m_run[mt][hf] + fast_log2(l) : -INFINITY;
                     const int m = m_tile * C::kBlockM + mt * 16 + g + 8 * hf;
                     if (m < a.m_rows) {
                         if (whole) {
@@ -820,7 +840,7 @@ template <typename T, bool kSparse, int kF4>
 __device__ __forceinline__ void store_merged_row(const DecodeArgs& a, int r, int m, int dim0,
                                                  const float (&acc)[4 * kF4], float mx, float wsum) {
     const int lane = threadIdx.x & 31;
-    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+    const float inv = wsum > 0.f ? fast_rcp(wsum) : 0.f;
     int token, head;
     row_token_head<kSparse>(a, r, m, token, head);
     T* dst = reinterpret_cast<T*>(a.out) + token * a.out_ts + head * a.out_hs + dim0 + lane * 4 * kF4;
@@ -835,7 +855,7 @@ __device__ __forceinline__ void store_merged_row(const DecodeArgs& a, int r, int
             reinterpret_cast<uint4*>(dst)[i] = make_uint4(pw[4 * i], pw[4 * i + 1], pw[4 * i + 2], pw[4 * i + 3]);
     }
     if (lane == 0 && dim0 == 0 && a.lse != nullptr) {
-        a.lse[token * a.lse_ts + head * a.lse_hs] = wsum > 0.f ? (mx + log2f(wsum)) * kLn2 : -INFINITY;
+        a.lse[token * a.lse_ts + head * a.lse_hs] = wsum > 0.f ? (mx + fast_log2(wsum)) * kLn2 : -INFINITY;
     }
 }
 
@@ -876,13 +896,13 @@ __device__ __forceinline__ void fold_pieces(const DecodeArgs& a, int req_first, 
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) bm = fmaxf(bm, l[b]);
         if (bm == -INFINITY) continue;  // only empty pieces so far
-        const float sc = exp2f(f.mx - bm);  // f.mx = -inf: 0
+        const float sc = fast_exp2(f.mx - bm);  // f.mx = -inf: 0
         f.wsum *= sc;
 #pragma unroll
         for (int i = 0; i < 4 * kF4; ++i) f.acc[i] *= sc;
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) {
-            const float w = exp2f(l[b] - bm);  // empty piece: 0
+            const float w = fast_exp2(l[b] - bm);  // empty piece: 0
             f.wsum += w;
 #pragma unroll
             for (int k = 0; k < kF4; ++k) {
@@ -960,7 +980,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Decod
     if (mx != -INFINITY) {
 #pragma unroll
         for (int w = 0; w < kCombineWarps; ++w) {
-            const float sc = exp2f(red_max[w] - mx);  // an empty warp: 0
+            const float sc = fast_exp2(red_max[w] - mx);  // an empty warp: 0
             wt += red_w[w] * sc;
 #pragma unroll
             for (int i = 0; i < kF4; ++i) {

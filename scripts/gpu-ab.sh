@@ -5,7 +5,8 @@
 #
 # usage: MLA_AB="MLA_COOP=0|MLA_COOP=1" [MLA_AB_REPS=2] bash scripts/gpu-ab.sh BENCH_ARGS...
 #   MLA_AB       settings separated by '|'; each is a space-separated list of VAR=VALUE
-#                exported for that run ('-' alone: no variable)
+#                exported for that run ('-' alone: no variable); MLA_AB_BIN=PATH runs
+#                another bench build (e.g. the previous commit's, copied under .gpu/)
 #   BENCH_ARGS   passed to bench-decode, e.g. --case dense:b=1,h=8,l=4096 --sm120-occupancy off
 # Writes $OUT/ab.log (every run's output) and $OUT/ab.txt (the table).
 set -uo pipefail
@@ -23,7 +24,9 @@ for ((r = 0; r < reps; ++r)); do
         read -r -a vars <<<"$s"
         [[ ${vars[0]:-} == - ]] && vars=()
         echo "==== rep $r setting [$s] ====" | tee -a "$OUT/ab.log"
-        env "${vars[@]}" timeout 300 .gpu/bin/bench-decode --bench --json "$tmp/$r-$i.json" "$@" \
+        bin=.gpu/bin/bench-decode
+        for v in "${vars[@]}"; do [[ $v == MLA_AB_BIN=* ]] && bin=${v#MLA_AB_BIN=}; done
+        env "${vars[@]}" timeout 300 "$bin" --bench --json "$tmp/$r-$i.json" "$@" \
             >>"$OUT/ab.log" 2>&1 || echo "  exit $? (see ab.log)" | tee -a "$OUT/ab.log"
     done
 done

@@ -50,6 +50,71 @@ __global__ void lastcta_kernel(float* data, unsigned* counter, float* out) {
     }
 }
 
+// Handoff from a producer grid to a PDL-launched consumer grid (decode -> combine): each
+// producer CTA writes a 16 KB piece after `delay` cycles; consumer CTA c reads a 512-byte
+// slice of every piece. mode 0: the consumer waits with griddepcontrol.wait; mode 1: each
+// producer CTA publishes an arrival (fence, barrier, release add) and the consumer polls the
+// count with acquire loads instead of waiting for the producer grid to complete.
+__global__ void producer_kernel(float* pieces, unsigned* counter, int mode, long long delay) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+    const long long t0 = clock64();
+    while (clock64() - t0 < delay) {
+    }
+    float4* p = reinterpret_cast<float4*>(pieces) + blockIdx.x * 1024;
+    for (int i = threadIdx.x; i < 1024; i += blockDim.x) p[i] = make_float4(i, blockIdx.x, 0.f, 1.f);
+    if (mode == 1) {
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+    }
+}
+
+__global__ void consumer_kernel(const float* pieces, const unsigned* counter, unsigned target, int nprod, int mode,
+                                float* out) {
+    if (mode == 0) {
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+    } else {
+        if (threadIdx.x == 0) {
+            unsigned v;
+            do {
+                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
+            } while (v < target);
+        }
+        __syncthreads();
+    }
+    const float4* p = reinterpret_cast<const float4*>(pieces);
+    float s = 0.f;
+    for (int q = threadIdx.x / 32; q < nprod; q += blockDim.x / 32) {
+        const float4 v = p[q * 1024 + blockIdx.x * 32 + (threadIdx.x & 31)];
+        s += v.x + v.y + v.z + v.w;
+    }
+    out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}
+
+// Instruction fetch: a warp runs N straight-line independent adds (16 bytes of code each)
+// twice in one launch; cycles of each pass (pass 0: code as the launch found it).
+template <int N>
+__global__ void icache_kernel(int* out, long long* cyc, int m, int k) {
+    int a[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) a[j] = threadIdx.x + j;
+#pragma unroll 1
+    for (int pass = 0; pass < 2; ++pass) {
+        const long long t0 = clock64();
+#pragma unroll
+        for (int i = 0; i < N / 8; ++i)
+#pragma unroll
+            for (int j = 0; j < 8; ++j) a[j] = a[j] * m + (k ^ i);  // IMADs ptxas cannot fold
+        const long long t1 = clock64();
+        if (threadIdx.x == 0) cyc[blockIdx.x * 2 + pass] = t1 - t0;
+    }
+    int s = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s += a[j];
+    out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}
+
 static cudaStream_t st;
 static void* flushbuf;
 
@@ -131,6 +196,54 @@ int main() {
            median_us([&] { launch(lastcta_kernel, 64, 128, false, data, counter, out); }));
     printf("last-CTA merge, 256 CTAs    %6.2f us\n",
            median_us([&] { launch(lastcta_kernel, 256, 128, false, data, counter, out); }));
+    {
+        float* pieces;
+        unsigned* cnt;
+        CK(cudaMalloc(&pieces, 64 * 16384));
+        CK(cudaMalloc(&cnt, 4));
+        for (long long delay : {0LL, 4000LL}) {
+            for (int mode = 0; mode < 2; ++mode) {
+                CK(cudaMemset(cnt, 0, 4));
+                unsigned gen = 0;
+                const float t = median_us([&] {
+                    gen += 64;
+                    launch(producer_kernel, 64, 256, true, pieces, cnt, mode, delay);
+                    launch(consumer_kernel, 32, 256, true, (const float*)pieces, (const unsigned*)cnt, gen, 64, mode,
+                           data);
+                });
+                printf("handoff %s, delay %4lld cyc %6.2f us\n", mode ? "flag poll  " : "pdl wait   ", delay, t);
+            }
+        }
+    }
+    {
+        long long* cyc;
+        int* iout;
+        CK(cudaMalloc(&cyc, 264 * 2 * 8));
+        CK(cudaMalloc(&iout, 264 * 128 * 4));
+        auto icache = [&](auto kern, int n, const char* what, bool flush) {
+            std::vector<long long> h(264 * 2);
+            for (int l = 0; l < 2; ++l) {
+                if (flush) CK(cudaMemsetAsync(flushbuf, l, 256 << 20, st));
+                CK(launch(kern, 132, 128, false, iout, cyc, 3, 5));
+                CK(cudaStreamSynchronize(st));
+                CK(cudaMemcpy(h.data(), cyc, 132 * 2 * 8, cudaMemcpyDeviceToHost));
+                std::vector<long long> p0, p1;
+                for (int b = 0; b < 132; ++b) {
+                    p0.push_back(h[2 * b]);
+                    p1.push_back(h[2 * b + 1]);
+                }
+                std::sort(p0.begin(), p0.end());
+                std::sort(p1.begin(), p1.end());
+                printf("icache %5d instr (%3d KB) %s launch %d: pass0 %6lld cyc, pass1 %6lld cyc (median CTA)\n", n,
+                       n * 16 / 1024, what, l, p0[66], p1[66]);
+            }
+            return 0;
+        };
+        icache(icache_kernel<512>, 512, "memset+", true);
+        icache(icache_kernel<2048>, 2048, "memset+", true);
+        icache(icache_kernel<2048>, 2048, "back2bk", false);
+        icache(icache_kernel<8192>, 8192, "memset+", true);
+    }
     cudaGraph_t g;
     cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));

@@ -88,8 +88,17 @@ static void trace(D dec) {
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
+    // MLA_TRACE_PREWARM=1: each traced run follows an untraced one and a second memset (the
+    // SMs' instruction caches warm, L2 cold); =2: follows an untraced one directly (code and
+    // data warm in L2). Tells instruction-fetch latency from memory latency.
+    const char* pw = getenv("MLA_TRACE_PREWARM");
+    const int prewarm = pw ? atoi(pw) : 0;
     for (int run = 0; run < kRuns + 3; ++run) {
         CK(cudaMemsetAsync(flush, run & 0xff, 256 << 20, g_st));
+        if (prewarm) {
+            dec();
+            if (prewarm == 1) CK(cudaMemsetAsync(flush, (run + 1) & 0xff, 256 << 20, g_st));
+        }
         if (mla_trace_reset(g_st)) exit(1);
         CK(cudaEventRecord(a, g_st));
         dec();
