@@ -436,30 +436,35 @@ __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Cursor& c, 
 template <typename C, bool kSparse>
 __device__ __forceinline__ void load_q_smem(const DecodeArgs& a, int b, int m_tile, uint8_t* q_s) {
     const uint32_t q_base = smem_u32(q_s);
-    // The thread index read opaquely: the compiler recomputes the 9 addresses here instead
-    // of keeping them live through the main loop (which runs at the register limit).
+    // Warp w copies rows w*kRows.., one row at a time as load_tile does: the row's source
+    // addresses once per warp, then lane l copies chunks l and l+32 of the 64 nope chunks
+    // and lanes 0..7 the 8 rope chunks. The thread index is read opaquely: the compiler
+    // recomputes these addresses here instead of keeping them live through the main loop
+    // (which runs at the register limit).
     int tid;
     asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+    const int lane = tid & 31, warp = tid >> 5;
+    constexpr int kRows = C::kBlockM / C::kWarps;
+    static_assert(kRows * C::kWarps == C::kBlockM && kRowChunks == 72, "rows split evenly over warps, 64 + 8 chunks");
 #pragma unroll
-    for (int i = 0; i < (C::kBlockM * kRowChunks + C::kThreads - 1) / C::kThreads; ++i) {  // 9 or 4.5 per thread
-        const int idx = tid + C::kThreads * i;
-        if ((C::kBlockM * kRowChunks) % C::kThreads != 0 && idx >= C::kBlockM * kRowChunks) break;
-        const int r = idx / kRowChunks;
-        const int ch = idx - r * kRowChunks;
+    for (int i = 0; i < kRows; ++i) {
+        const int r = warp * kRows + i;
         const int m = m_tile * C::kBlockM + r;
-        const uint8_t* src = a.q_nope;
+        const uint8_t* qn = a.q_nope;
+        const uint8_t* qr = a.q_rope;
         int bytes = 0;
         if (m < a.m_rows) {
             int token, head;
             row_token_head<kSparse>(a, b, m, token, head);
-            if (ch < kLatentDim / 8) {
-                src = a.q_nope + (token * a.qn_ts + head * a.qn_hs) * 2 + ch * 16;
-            } else {
-                src = a.q_rope + (token * a.qr_ts + head * a.qr_hs) * 2 + (ch - kLatentDim / 8) * 16;
-            }
+            qn += (token * a.qn_ts + head * a.qn_hs) * 2;
+            qr += (token * a.qr_ts + head * a.qr_hs) * 2;
             bytes = 16;
         }
-        cp_async_16(q_base + swz(r, ch) * 16, src, bytes);
+        const uint32_t dst = q_base + r * kRowBytes;
+        const int x = r & 7;
+        cp_async_16(dst + ((lane ^ x) << 4), qn + lane * 16, bytes);
+        cp_async_16(dst + (((lane + 32) ^ x) << 4), qn + (lane + 32) * 16, bytes);
+        if (lane < 8) cp_async_16(dst + (((lane + 64) ^ x) << 4), qr + lane * 16, bytes);
     }
 }
 
@@ -877,20 +882,30 @@ __device__ __forceinline__ void fold_pieces(const DecodeArgs& a, int req_first, 
                                             int step, int m, int dim0, RowFold<kF4>& f) {
     constexpr int kBatch = RowFold<kF4>::kBatch;
     const int lane = threadIdx.x & 31;
+    // Piece q's row is slot 2q (2q + 1 for the request's first piece when first_tail):
+    // consecutive pieces of this warp are 2 * step * m_rows rows apart, so a batch's loads
+    // are one base address plus constant multiples of that stride.
+    const int64_t stride = static_cast<int64_t>(2 * step) * a.m_rows;
 #pragma unroll 1
     for (int q0 = first; q0 <= last; q0 += kBatch * step) {
+        const int64_t row0 = static_cast<int64_t>(2 * q0 + (q0 == req_first ? first_tail : 0)) * a.m_rows + m;
+        const int64_t fix = q0 == req_first ? -static_cast<int64_t>(first_tail) * a.m_rows : 0;  // pieces after the first
+        const float* lse0 = a.ws_lse + row0;
+        const float4* o0 = reinterpret_cast<const float4*>(a.ws_o + row0 * kLatentDim + dim0 + lane * 4 * kF4);
         float l[kBatch];
         float4 v[kBatch][kF4];
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) {
-            const int q = q0 + b * step;
-            const bool ok = q <= last;
-            const int qq = ok ? q : first;
-            const size_t row = static_cast<size_t>(2 * qq + (qq == req_first ? first_tail : 0)) * a.m_rows + m;
-            l[b] = ok ? a.ws_lse[row] : -INFINITY;
-            const float4* src = reinterpret_cast<const float4*>(a.ws_o + row * kLatentDim + dim0 + lane * 4 * kF4);
+            const int64_t off = b == 0 ? 0 : b * stride + fix;
+            if (q0 + b * step <= last) {
+                l[b] = lse0[off];
 #pragma unroll
-            for (int k = 0; k < kF4; ++k) v[b][k] = ok ? src[k] : make_float4(0.f, 0.f, 0.f, 0.f);
+                for (int k = 0; k < kF4; ++k) v[b][k] = o0[off * (kLatentDim / 4) + k];
+            } else {
+                l[b] = -INFINITY;
+#pragma unroll
+                for (int k = 0; k < kF4; ++k) v[b][k] = make_float4(0.f, 0.f, 0.f, 0.f);
+            }
         }
         float bm = f.mx;
 #pragma unroll
