@@ -146,8 +146,13 @@ struct FastDiv {
                                           static_cast<uint64_t>(d) + 1);
         return f;
     }
-    __device__ __forceinline__ int div(int n) const {
-        return static_cast<int>((__umulhi(static_cast<uint32_t>(n), mul) + static_cast<uint32_t>(n)) >> shift);
+    __host__ __device__ __forceinline__ int div(int n) const {
+#ifdef __CUDA_ARCH__
+        const uint32_t hi = __umulhi(static_cast<uint32_t>(n), mul);
+#else
+        const uint32_t hi = static_cast<uint32_t>((static_cast<uint64_t>(static_cast<uint32_t>(n)) * mul) >> 32);
+#endif
+        return static_cast<int>((hi + static_cast<uint32_t>(n)) >> shift);
     }
 };
 

@@ -71,12 +71,10 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& a, cudaStre
 void prepare_split(DecodeArgs& a) {
     a.parts_div = FastDiv::make(a.num_parts);
     a.heads_div = FastDiv::make(a.num_heads);
-    const int t = a.max_len / Cfg::kBlockN + (a.max_len % Cfg::kBlockN != 0 ? 1 : 0);  // as Lens::tiles_of
-    a.closed_tiles = FastDiv::make(t > 1 ? t : 1);
+    a.closed_tiles = FastDiv::make(Lens::tiles_of(a.max_len));
     // batch * tiles <= INT32_MAX (mla_schedule_init checks it)
     a.closed_total = static_cast<int32_t>(static_cast<int64_t>(a.batch) * a.closed_tiles.d);
-    const int q = a.closed_total / a.num_parts + (a.closed_total % a.num_parts != 0 ? 1 : 0);
-    a.closed_chunk = FastDiv::make(q > a.min_chunk ? q : a.min_chunk);
+    a.closed_chunk = FastDiv::make(split_chunk(a.closed_total, a.parts_div, a.min_chunk));
 }
 
 template <bool kSparse>

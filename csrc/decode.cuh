@@ -107,9 +107,10 @@ __host__ __device__ inline int max_splits(int batch, int parts) {
     return m > 1 ? m : 1;
 }
 // parts: a FastDiv of num_parts (the division is on every CTA's critical path).
-__device__ __forceinline__ int split_chunk(int total, const FastDiv& parts, int min_chunk) {
+__host__ __device__ __forceinline__ int split_chunk(int total, const FastDiv& parts, int min_chunk) {
     const int q = parts.div(total);
-    return max(q + (total != q * parts.d ? 1 : 0), min_chunk);  // no total + parts overflow
+    const int chunk = q + (total != q * parts.d ? 1 : 0);  // no total + parts overflow
+    return chunk > min_chunk ? chunk : min_chunk;
 }
 // First tile of `part` (int64: part * chunk may pass INT_MAX), or total if it has none.
 __device__ __forceinline__ int part_lo(int part, int chunk, int total) {
@@ -122,7 +123,10 @@ struct Lens {
     int max_len;
     __device__ int raw(int b) const { return p ? p[b] : max_len; }
     __device__ static int clamp(int raw, int max_len) { return min(max(raw, 0), max_len); }
-    __device__ static int tiles_of(int len) { return max(1, (len + Cfg::kBlockN - 1) >> kTileShift); }
+    __host__ __device__ static int tiles_of(int len) {
+        const int t = (len + Cfg::kBlockN - 1) >> kTileShift;
+        return t > 1 ? t : 1;
+    }
     __device__ int len(int b) const { return clamp(raw(b), max_len); }
     __device__ int tiles(int b) const { return tiles_of(len(b)); }
     // tiles(b) (p != NULL), recording a negative or too-large length in flag when record.

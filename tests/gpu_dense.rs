@@ -44,6 +44,21 @@ fn edge_len(rng: &mut Rng, max_len: usize, bs: usize) -> usize {
     }
 }
 
+/// check_random_dense with the default plan, in bf16 (`bf`) or f16.
+fn check_random_dense_in(
+    bf: bool,
+    label: &str,
+    rng: &mut Rng,
+    stream: &Arc<CudaStream>,
+    spec: &DenseSpec,
+) {
+    if bf {
+        check_random_dense::<bf16>(label, rng, stream, spec, default_plan());
+    } else {
+        check_random_dense::<f16>(label, rng, stream, spec, default_plan());
+    }
+}
+
 /// Generates the problem, runs it, and compares every (row, head) with the reference.
 fn check_random_dense<T: Half>(
     label: &str,
@@ -204,11 +219,7 @@ fn dense_edge_seq_lens() {
                     scale: rng.softmax_scale(),
                 };
                 let label = format!("dense_edge_seq_lens bs {bs} q_len {q_len}");
-                if bf {
-                    check_random_dense::<bf16>(&label, &mut rng, &stream, &spec, default_plan());
-                } else {
-                    check_random_dense::<f16>(&label, &mut rng, &stream, &spec, default_plan());
-                }
+                check_random_dense_in(bf, &label, &mut rng, &stream, &spec);
             }
         }
     }
@@ -241,11 +252,7 @@ fn dense_large_batches() {
             scale: rng.softmax_scale(),
         };
         let label = format!("dense_large_batches batch {batch}");
-        if bf {
-            check_random_dense::<bf16>(&label, &mut rng, &stream, &spec, default_plan());
-        } else {
-            check_random_dense::<f16>(&label, &mut rng, &stream, &spec, default_plan());
-        }
+        check_random_dense_in(bf, &label, &mut rng, &stream, &spec);
     }
 }
 
@@ -272,11 +279,7 @@ fn dense_one_head_and_128_heads() {
             scale: rng.softmax_scale(),
         };
         let label = format!("dense heads {heads} q_len {q_len}");
-        if bf {
-            check_random_dense::<bf16>(&label, &mut rng, &stream, &spec, default_plan());
-        } else {
-            check_random_dense::<f16>(&label, &mut rng, &stream, &spec, default_plan());
-        }
+        check_random_dense_in(bf, &label, &mut rng, &stream, &spec);
     }
 }
 
@@ -613,11 +616,7 @@ fn sanitize_dense_small_random() {
     for bf in [false, true] {
         let lens = (0..3).map(|_| rng.range(0, 80) as i32).collect();
         let spec = small_spec(lens, &mut rng);
-        if bf {
-            check_random_dense::<bf16>("sanitize small", &mut rng, &stream, &spec, default_plan());
-        } else {
-            check_random_dense::<f16>("sanitize small", &mut rng, &stream, &spec, default_plan());
-        }
+        check_random_dense_in(bf, "sanitize small", &mut rng, &stream, &spec);
     }
 }
 
