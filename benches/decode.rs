@@ -5,7 +5,7 @@
 //!     [--sm120-occupancy on|off|both] [--iters N] [--no-graph] [--flush rotate|memset]
 //!     [--list]
 //! ```
-//! Measures the device's copy bandwidth, then every case (DESIGN.md, "Performance model and
+//! Measures the device's copy bandwidth, then every case (docs/DESIGN.md, "Performance model and
 //! how it is measured"): the median of `--iters` CUDA-event timings after warm-up, inputs
 //! out of L2 (the KV cache rotated over copies spanning ≥ 4× L2, or a memset flush before
 //! each run: `common::gpu::FlushMode`), random inputs; a dense or sparse step is one decode

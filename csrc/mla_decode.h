@@ -3,7 +3,7 @@
  *
  * Weight-absorbed Multi-head Latent Attention decode ("MQA mode"): every query row
  * has 576 dims (512 latent + 64 RoPE), every cache row has 576 dims shared by all
- * heads, V is the first 512 dims of the same cache row. See DESIGN.md.
+ * heads, V is the first 512 dims of the same cache row. See docs/DESIGN.md.
  *
  * Conventions:
  *   - Every pointer is a raw device pointer, every stream a raw cudaStream_t/CUstream

@@ -1,7 +1,7 @@
 //! f64 reference implementations of everything the kernels compute.
 //!
 //! These are the naive, obviously-correct versions the GPU tests compare against: plain loops
-//! over slices, in f64, with exactly the rules of DESIGN.md for inputs that are wrong.
+//! over slices, in f64, with exactly the rules of docs/DESIGN.md for inputs that are wrong.
 //!
 //! - `score[t,h,s] = softmax_scale · dot(q[t,h,0..576], kv[s,0..576])`,
 //!   `out[t,h] = Σ_s softmax(score)_s · kv[s,0..512]`, `lse[t,h] = ln Σ_s exp(score)`, computed
