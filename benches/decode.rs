@@ -18,22 +18,31 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use common::gpu::{FlushMode, ROTATE_L2_FACTOR, ROTATE_MAX_BYTES};
+use common::gpu::{cold_l2_for, FlushMode, ROTATE_L2_FACTOR, ROTATE_MAX_BYTES, ROTATE_MAX_COPIES};
+use common::kit::plan_options;
 use common::report::{self, row_name, Row, Table};
 use common::spec::{self, CaseSpec};
 use common::{flag_value, parse_count, Gpu, MeasureOpts, Res, BENCH_SEED};
-use mla_decode::PlanOptions;
 
 const USAGE: &str = "\
 usage: cargo bench --bench decode -- [OPTIONS]
 
   --case SPEC                 a case to run instead of the default grid (repeatable):
-                                dense:b=64,q=1,h=8,l=4096,bs=64,dtype=bf16[,long=N]
-                                  (b, h, l required; q=1, bs=64, dtype=bf16 by default;
-                                  long=N: request 0 has N tokens, a mixed-length batch)
+                                dense:b=64,q=1,h=8,l=4096,bs=64,dtype=bf16
+                                  (b, h, l required; q=1, bs=64, dtype=bf16 by default)
+                                dense:h=8,lens=LENS[,b=N][,l=L][,seed=S]
+                                  (mixed lengths: LENS is uniform:LO-HI, each length
+                                  drawn in LO..=HI from seed S (default 0; b required),
+                                  or A*N+B*M+..., N requests of A tokens, then M of B;
+                                  b must equal the count when given; the longest length,
+                                  or l, sizes the block table; every length >= q;
+                                  long=N with b, l: the same as lens=N*1+l*(b-1))
                                 sparse:t=128,h=8,k=2048,dtype=bf16[,pool=65536][,bs=64]
                                   (t, h required; slot ids drawn without repeats per
                                   token from `pool` cache slots)
+                                sparse:t=64,h=8,klen=uniform:LO-HI[,k=K][,seed=S]
+                                  (per-row topk_len drawn in LO..=HI; k defaults to HI
+                                  and must be >= HI; A*N+... runs work too)
                                 gather:t=128,k=2048[,l=65536][,bs=64]
                                   (the index gather alone)
   --filter SUBSTR             keep the rows whose name contains SUBSTR
@@ -49,8 +58,9 @@ usage: cargo bench --bench decode -- [OPTIONS]
                                 rotate: each case holds R identical copies of its KV
                                   cache (the sparse slot pool) and run i reads copy
                                   i mod R, R = ceil(4 x L2 / bytes of the cache rows one
-                                  step reads), no flush; a case whose R copies would pass
-                                  8 GiB, and the gather (no cache), get the memset
+                                  step reads) + 1, no flush; a case that would need more
+                                  than 256 copies or 8 GiB of them, and the gather (no
+                                  cache), get the memset (the L2 column says which)
                                 memset: a memset of max(2 x L2, 256 MiB) before each run,
                                   outside the events (Triton's do_bench; it leaves L2
                                   dirty, which costs large cases a few µs of write-back)
@@ -59,9 +69,12 @@ usage: cargo bench --bench decode -- [OPTIONS]
   --bench                     (passed by cargo; ignored)
 
 Times are medians of CUDA-event timings, inputs kept out of L2 as --flush says (the JSON
-names the mode in \"l2\", and each row's own \"l2\" and \"copies\"). GB/s counts cache
-rows read x 1152 B + q + out (+ indices x 4 for sparse); % copy compares it with a 1 GiB
-device-to-device copy; TFLOP/s counts 2 x (576 + 512) per (query row, head, cache row).
+names the mode in \"l2\", and each row's own \"l2\" and \"copies\"; the table's L2 column:
+\"rot R\" or \"memset\"). GB/s counts the cache rows the step reads (the sum of the lengths;
+sparse: of the topk_len) x 1152 B + q + out (+ ids read x 4 and topk_len for sparse); % copy
+compares it with a 1 GiB device-to-device copy; TFLOP/s counts 2 x (576 + 512) per (query
+row, head, cache row it sees: causal, row i of q rows sees L - q + 1 + i). The JSON's
+\"lens\" spells the lengths: L*B, uniform:LO-HI or A*N+B*M.
 A step is one decode call (decode + combine; the split is derived from seq_lens inside
 the call, so every layer of a decode step costs the same).
 Cases under 64 MB also report the replay time of the step captured in a CUDA graph.";
@@ -157,7 +170,10 @@ fn plan_rows(args: &Args) -> Vec<Planned> {
                         .is_none_or(|f| name.contains(f.as_str()))
                 })
                 .collect();
-            Planned { spec: *spec, modes }
+            Planned {
+                spec: spec.clone(),
+                modes,
+            }
         })
         .filter(|p| !p.modes.is_empty())
         .collect()
@@ -252,7 +268,7 @@ fn run_case(
 ) -> Res<()> {
     let mut w = common::build(&gpu.stream, &p.spec, BENCH_SEED)?;
     for &sm120_occupancy in &p.modes {
-        w.set_options(&gpu.stream, PlanOptions { sm120_occupancy })?;
+        w.set_options(&gpu.stream, plan_options(sm120_occupancy))?;
         let timing = common::measure(gpu, w.as_mut(), opts)?;
         let accuracy = if check {
             Some(w.check(&gpu.stream)?)
@@ -272,13 +288,8 @@ fn run_case(
             println!("  (no graph time: {e})");
         }
         if gpu.flush_mode == FlushMode::Rotate && row.meta.kind != "gather" {
-            match row.meta.copies {
-                Some(1) => {}
-                Some(r) => println!("  (KV cache rotated over {r} copies)"),
-                None => println!(
-                    "  (memset flush instead: the copies would pass {} GiB)",
-                    ROTATE_MAX_BYTES >> 30
-                ),
+            if let Err(why) = cold_l2_for(gpu, w.as_ref()) {
+                println!("  (memset flush instead: {why})");
             }
         }
         rows.push(row);
@@ -293,8 +304,8 @@ fn cold_l2_line(gpu: &Gpu) -> String {
         FlushMode::Memset => format!("L2 flushed ({memset}) before each"),
         FlushMode::Rotate => format!(
             "cold L2: KV cache rotated over R copies per case (R x cache rows read >= \
-             {ROTATE_L2_FACTOR}x the {} MiB L2); the gather, and cases whose copies would pass \
-             {} GiB: a {memset} before each",
+             {ROTATE_L2_FACTOR}x the {} MiB L2); the gather, and cases that would need more \
+             than {ROTATE_MAX_COPIES} copies or {} GiB of them: a {memset} before each",
             gpu.info.l2_cache_bytes >> 20,
             ROTATE_MAX_BYTES >> 30
         ),

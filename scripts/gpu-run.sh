@@ -28,7 +28,7 @@
 #   MLA_PROFILE_ITERS     iterations of the profile example under ncu (default 3)
 #   MLA_NCU_ARGS          extra ncu arguments (default --launch-count 12)
 #   MLA_NCU_TARGET        another command line to profile instead of example-profile
-#                         (e.g. ".gpu/bin/test-lib --include-ignored gpu_dense")
+#                         (e.g. ".gpu/bin/test-gpu --include-ignored dense::")
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -186,11 +186,6 @@ impl ErrorFlag {
     pub fn raw(&self) -> &CudaSlice<u32> {
         &self.words
     }
-
-    #[cfg(test)]
-    pub(crate) fn words_mut(&mut self) -> &mut CudaSlice<u32> {
-        &mut self.words
-    }
 }
 
 /// Device address (0 = NULL), description and cudarc guard of an optional error flag.

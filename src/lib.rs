@@ -98,9 +98,6 @@ mod plan;
 mod tensor;
 mod types;
 
-#[cfg(test)]
-mod gpu_tests;
-
 pub use cudarc;
 pub use half;
 

@@ -2,26 +2,18 @@
 //!
 //! The reference costs `heads · seq_len · 2·1088` flops per query row, so large cases are
 //! sampled: up to [`MAX_ROWS`] requests (dense) or tokens (sparse) and up to [`MAX_HEADS`]
-//! heads, spread evenly (first and last included), computed on one thread per request.
+//! heads, spread evenly (first and last included), computed on one thread per request. The
+//! tolerances and the error measures are the tests' ([`super::kit::check`]).
 
 use mla_decode::reference::Attention;
-use mla_decode::{DType, Element, LATENT_DIM};
+use mla_decode::{Element, LATENT_DIM};
+
+use super::kit::check::{lse_diff, out_tolerance, rel_l2, worst, LSE_TOL};
 
 /// Requests (dense) or tokens (sparse) checked per case.
 pub const MAX_ROWS: usize = 8;
 /// Heads checked per query row.
 pub const MAX_HEADS: usize = 16;
-/// Largest accepted |lse - reference lse|.
-pub const LSE_TOLERANCE: f64 = 1e-3;
-
-/// Largest accepted relative L2 error of an output row.
-pub fn out_tolerance(dtype: Option<DType>) -> f64 {
-    match dtype {
-        Some(DType::Bf16) => 1e-2,
-        Some(DType::F16) => 2e-3,
-        None => 0.0, // the gather is exact
-    }
-}
 
 /// The reference output of one (query row, head).
 #[derive(Clone, Debug)]
@@ -46,7 +38,7 @@ pub struct Accuracy {
 impl Accuracy {
     /// Within both tolerances (NaN fails).
     pub fn passed(&self) -> bool {
-        self.relerr <= self.tolerance && self.lse_err.is_none_or(|e| e <= LSE_TOLERANCE)
+        self.relerr <= self.tolerance && self.lse_err.is_none_or(|e| e <= LSE_TOL)
     }
 }
 
@@ -96,48 +88,18 @@ pub fn rows_of(att: &Attention, tokens: &[usize], heads: &[usize]) -> Vec<RefRow
 pub fn compare<T: Element>(out: &[T], lse: &[f32], heads: usize, refs: &[RefRow]) -> Accuracy {
     let mut relerr = 0.0;
     let mut lse_err = 0.0;
+    let mut got = vec![0.0; LATENT_DIM];
     for r in refs {
         let at = r.token * heads + r.head;
-        relerr = worst(
-            relerr,
-            rel_l2(&out[at * LATENT_DIM..][..LATENT_DIM], &r.out),
-        );
+        for (g, v) in got.iter_mut().zip(&out[at * LATENT_DIM..][..LATENT_DIM]) {
+            *g = v.to_f64();
+        }
+        relerr = worst(relerr, rel_l2(&got, &r.out));
         lse_err = worst(lse_err, lse_diff(f64::from(lse[at]), r.lse));
     }
     Accuracy {
         relerr,
         lse_err: Some(lse_err),
-        tolerance: out_tolerance(Some(T::DTYPE)),
-    }
-}
-
-/// `‖got - want‖ / ‖want‖` (the absolute error where `want` is 0: empty attention).
-fn rel_l2<T: Element>(got: &[T], want: &[f64]) -> f64 {
-    let (mut err, mut norm) = (0.0, 0.0);
-    for (g, w) in got.iter().zip(want) {
-        err += (g.to_f64() - w).powi(2);
-        norm += w * w;
-    }
-    if norm > 0.0 {
-        (err / norm).sqrt()
-    } else {
-        err.sqrt()
-    }
-}
-
-fn lse_diff(got: f64, want: f64) -> f64 {
-    if got == want {
-        0.0 // also both -inf (no visible slot)
-    } else {
-        (got - want).abs()
-    }
-}
-
-/// The larger of two errors, NaN counting as the largest.
-fn worst(a: f64, b: f64) -> f64 {
-    if b.is_nan() || b > a {
-        b
-    } else {
-        a
+        tolerance: out_tolerance(T::DTYPE),
     }
 }

@@ -3,7 +3,9 @@
 //! Two ways keep a case's inputs out of L2 between its runs ([`FlushMode`]): `rotate` (the
 //! default) gives the case identical copies of its KV cache and has run `i` read copy
 //! `i % copies`, enough copies that the cache rows read between two runs of the same copy
-//! are at least [`ROTATE_L2_FACTOR`] times the L2 (or one copy when a run reads that much); `memset` writes a buffer of
+//! are at least [`ROTATE_L2_FACTOR`] times the L2 (or one copy when a run reads that much),
+//! at most [`ROTATE_MAX_COPIES`] of them and [`ROTATE_MAX_BYTES`] together (a case that
+//! would need more gets the memset); `memset` writes a buffer of
 //! max(2 × L2, 256 MiB) before each run, as Triton's do_bench does. The memset leaves the
 //! L2 full of dirty lines, which the timed run then writes back (6-8 µs of a 90 µs case on
 //! an H200), so `rotate` times the kernels as they run in a model, where the cache is cold
@@ -37,13 +39,19 @@ pub const ROTATE_L2_FACTOR: usize = 4;
 /// `rotate` uses at most this many bytes for all the copies of a cache together (the
 /// original included); a case that would need more is flushed by the memset instead.
 pub const ROTATE_MAX_BYTES: usize = 8 << 30;
+/// `rotate` makes at most this many copies of a cache (the original included); a case that
+/// reads so little per step that it would need more (a one-token call would need some
+/// 200,000) is flushed by the memset instead. Each copy costs an allocation and, for the
+/// graph replay, a captured graph: the cap keeps a case's setup under a second or so, and
+/// still rotates every step that reads more than 4 × L2 / 255 (about 1 MB on an H200).
+pub const ROTATE_MAX_COPIES: usize = 256;
 
 /// How the timed runs keep a case's inputs out of L2 (`--flush`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FlushMode {
     /// Rotate the KV cache over identical copies ([`copies_for`]); no flush. Cases
     /// without a cache (the gather) and those whose copies would pass
-    /// [`ROTATE_MAX_BYTES`] fall back to the memset.
+    /// [`ROTATE_MAX_COPIES`] or [`ROTATE_MAX_BYTES`] fall back to the memset.
     #[default]
     Rotate,
     /// A memset of max(2 × L2, 256 MiB) before every run (Triton's do_bench).
@@ -233,12 +241,12 @@ pub struct Timing {
 
 /// The copies of a cache that `rotate` needs: enough that the rows read between two runs
 /// of the same copy (the other copies' steps) add up to [`ROTATE_L2_FACTOR`] × L2; 1 when a
-/// step reads that much by itself (its own reads evict its earlier lines). None (use the
-/// memset) when they would take more than [`ROTATE_MAX_BYTES`], or when the device reports
-/// no L2 size.
-pub fn copies_for(l2_bytes: usize, cache: CacheBytes) -> Option<usize> {
+/// step reads that much by itself (its own reads evict its earlier lines). `Err(why)` (use
+/// the memset) when they would be more than [`ROTATE_MAX_COPIES`] or take more than
+/// [`ROTATE_MAX_BYTES`], or when the device reports no L2 size.
+pub fn copies_for(l2_bytes: usize, cache: CacheBytes) -> Result<usize, String> {
     if l2_bytes == 0 {
-        return None;
+        return Err("the device reports no L2 size".into());
     }
     let need = ROTATE_L2_FACTOR * l2_bytes;
     let read = cache.read.max(1);
@@ -247,20 +255,38 @@ pub fn copies_for(l2_bytes: usize, cache: CacheBytes) -> Option<usize> {
     } else {
         need.div_ceil(read) + 1
     };
-    (copies == 1 || copies.saturating_mul(cache.size) <= ROTATE_MAX_BYTES).then_some(copies)
+    if copies > ROTATE_MAX_COPIES {
+        Err(format!(
+            "{copies} copies would pass the cap of {ROTATE_MAX_COPIES}"
+        ))
+    } else if copies > 1 && copies.saturating_mul(cache.size) > ROTATE_MAX_BYTES {
+        Err(format!(
+            "{copies} copies would pass {} GiB",
+            ROTATE_MAX_BYTES >> 30
+        ))
+    } else {
+        Ok(copies)
+    }
+}
+
+/// How `gpu.flush_mode` keeps `w`'s inputs out of L2: `Ok(copies)` of its cache to rotate
+/// over, or `Err(why)` the memset (`memset` mode, the gather, [`copies_for`]'s limits).
+pub fn cold_l2_for(gpu: &Gpu, w: &dyn Workload) -> Result<usize, String> {
+    match (gpu.flush_mode, w.cache_bytes()) {
+        (FlushMode::Memset, _) => Err("--flush memset".into()),
+        (FlushMode::Rotate, None) => Err("no KV cache to rotate".into()),
+        (FlushMode::Rotate, Some(cache)) => {
+            copies_for(gpu.info.l2_cache_bytes.max(0) as usize, cache)
+        }
+    }
 }
 
 /// Sets `w` up for `gpu.flush_mode`: in `rotate` mode gives it the copies of its cache
 /// that [`copies_for`] asks for; returns whether every run needs the memset flush instead
-/// (`memset` mode, the gather, a cache too large to copy). Run `i` must then
+/// (`memset` mode, the gather, a cache too small or too large to rotate). Run `i` must then
 /// `w.select_copy(i)` first.
 pub fn set_up_cold_l2(gpu: &Gpu, w: &mut dyn Workload) -> Res<bool> {
-    let copies = match (gpu.flush_mode, w.cache_bytes()) {
-        (FlushMode::Rotate, Some(cache)) => {
-            copies_for(gpu.info.l2_cache_bytes.max(0) as usize, cache)
-        }
-        _ => None,
-    };
+    let copies = cold_l2_for(gpu, w).ok();
     w.set_copies(&gpu.stream, copies)?;
     Ok(copies.is_none())
 }

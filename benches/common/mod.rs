@@ -2,8 +2,10 @@
 //! (`examples/profile.rs`) and the demo (`examples/demo.rs`), which include it with
 //! `#[path = "../benches/common/mod.rs"] mod common;`.
 //!
-//! - [`spec`]: the case grammar (`dense:b=64,h=8,l=4096`, `sparse:t=128,h=8,k=2048`,
-//!   `gather:t=128,k=2048`) and the default grid;
+//! - [`kit`]: the test kit (`tests/kit/`), whose random generator ([`rng`]), tolerances and
+//!   error measures the bench shares with the tests;
+//! - [`spec`]: the case grammar (`dense:b=64,h=8,l=4096`, `dense:h=8,lens=512*15+8192*1`,
+//!   `sparse:t=128,h=8,k=2048`, `gather:t=128,k=2048`) and the default grid;
 //! - [`gpu`]: the device, the L2 flush, CUDA-event timing, the copy bandwidth, graph capture;
 //! - [`cases`]: the workloads (random inputs on the device, one timed step, the check);
 //! - [`check`]: sampled comparison with the f64 reference (`mla_decode::reference`);
@@ -15,9 +17,12 @@
 pub mod cases;
 pub mod check;
 pub mod gpu;
+#[path = "../../tests/kit/mod.rs"]
+pub mod kit;
 pub mod report;
-pub mod rng;
 pub mod spec;
+
+pub use kit::rng;
 
 pub use cases::{build, BENCH_SEED};
 pub use gpu::{measure, Gpu, MeasureOpts};

@@ -56,6 +56,24 @@ impl Row {
     pub fn passed(&self) -> bool {
         self.accuracy.is_none_or(|a| a.passed())
     }
+
+    /// How the runs kept the inputs out of L2: `rotate` over `copies` copies of the KV
+    /// cache, or `memset` before each run.
+    pub fn l2(&self) -> &'static str {
+        if self.meta.copies.is_some() {
+            "rotate"
+        } else {
+            "memset"
+        }
+    }
+
+    /// The table's L2 column: `rot R` or `memset`.
+    pub fn l2_label(&self) -> String {
+        match self.meta.copies {
+            Some(r) => format!("rot {r}"),
+            None => "memset".into(),
+        }
+    }
 }
 
 /// Fixed-width table lines.
@@ -76,13 +94,14 @@ impl Table {
 
     pub fn header(&self) -> String {
         let mut line = format!(
-            "{:<w$}  {:>10}  {:>10}  {:>7}  {:>7}  {:>8}",
+            "{:<w$}  {:>10}  {:>10}  {:>7}  {:>7}  {:>8}  {:>7}",
             "case",
             "µs",
             "graph µs",
             "GB/s",
             "% copy",
             "TFLOP/s",
+            "L2",
             w = self.width
         );
         if self.check {
@@ -98,13 +117,14 @@ impl Table {
             "-".into()
         };
         let mut line = format!(
-            "{:<w$}  {:>10.2}  {:>10}  {:>7.0}  {:>6.1}%  {:>8}",
+            "{:<w$}  {:>10.2}  {:>10}  {:>7.0}  {:>6.1}%  {:>8}  {:>7}",
             row.name(),
             row.us,
             row.graph_us.map_or("-".into(), |g| format!("{g:.2}")),
             row.gbps(),
             row.pct_of_copy(),
             tflops,
+            row.l2_label(),
             w = self.width
         );
         if self.check {
@@ -158,12 +178,6 @@ pub fn write_json(
 
 fn row_json(r: &Row) -> String {
     let m = &r.meta;
-    // rotated over `copies` copies of the cache, or flushed by the memset (1 copy)
-    let l2 = if m.copies.is_some() {
-        "rotate"
-    } else {
-        "memset"
-    };
     let text_or_null = |s: Option<&str>| s.map_or("null".to_string(), quote);
     let mut fields = vec![
         ("name", quote(&r.name())),
@@ -178,6 +192,7 @@ fn row_json(r: &Row) -> String {
         ("heads", m.heads.to_string()),
         ("seq_len", m.seq_len.to_string()),
         ("topk", m.topk.to_string()),
+        ("lens", text_or_null(m.lens.as_deref())),
         ("block_size", m.block_size.to_string()),
         ("us", number(r.us)),
         ("graph_us", r.graph_us.map_or("null".into(), number)),
@@ -187,7 +202,8 @@ fn row_json(r: &Row) -> String {
         ("bytes", number(m.bytes)),
         ("flop", number(m.flop)),
         ("sm120_occupancy", r.sm120_occupancy.to_string()),
-        ("l2", quote(l2)),
+        // rotated over `copies` copies of the cache, or flushed by the memset (1 copy)
+        ("l2", quote(r.l2())),
         ("copies", m.copies.unwrap_or(1).to_string()),
     ];
     if let Some(a) = &r.accuracy {

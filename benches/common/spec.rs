@@ -1,50 +1,201 @@
 //! The case grammar and the default grid.
 //!
 //! ```text
-//! dense:b=64,q=1,h=8,l=4096,bs=64,dtype=bf16    b, h, l required; q=1, bs=64, dtype=bf16
+//! dense:b=64,q=1,h=8,l=4096,bs=64,dtype=bf16    h and l (or lens) required; q=1, bs=64, dtype=bf16
+//! dense:h=8,lens=uniform:1-8192,b=64[,seed=0]   lengths uniform in 1..=8192 (b required)
+//! dense:h=8,lens=512*15+8192*1                  15 requests of 512 tokens, then 1 of 8192
 //! sparse:t=128,h=8,k=2048,dtype=bf16,pool=65536,bs=64
 //!                                               t, h required; k=2048, dtype=bf16,
 //!                                               pool=65536 (cache slots), bs=64
+//! sparse:t=64,h=8,klen=uniform:1-2048[,seed=0]  per-row topk_len uniform in 1..=2048 (k=HI)
 //! gather:t=128,k=2048,l=65536,bs=64             t required; k=2048, l=65536, bs=64
 //! ```
-//! A case's name is its canonical spelling ([`CaseSpec::name`]): every dense key, and the
-//! sparse and gather keys that differ from their defaults.
+//! Lengths ([`Lens`]): `uniform:LO-HI` draws each one uniformly in `LO..=HI` (inclusive) from
+//! the case's `seed` (default 0); `A*N+B*M+...` is N of A, then M of B, and so on. With
+//! `lens`, dense `b` is optional (it must equal the count when given; `uniform` needs it)
+//! and so is `l` (the longest length sizes the block table; a given `l` must be at least
+//! that and sizes it instead); every length must be at least `q`. With `klen`, sparse `t` is
+//! optional in the same way, `k` defaults to the longest `klen` and must not be shorter.
+//! `long=N` (older spelling) is `lens=N*1+L*(b-1)`.
+//!
+//! A case's name is its canonical spelling ([`CaseSpec::name`]; it parses back to the same
+//! case): every dense key but `lens`/`seed` when not used, and the sparse and gather keys
+//! that differ from their defaults.
 
 use std::fmt;
 
 use mla_decode::{DType, BLOCK_SIZES, MAX_HEADS, MAX_Q_LEN, MAX_TOPK};
 
+use super::rng::Rng;
+
 /// Cache slots the sparse indices are drawn from unless a case names `pool`.
 pub const DEFAULT_POOL: usize = 65_536;
 /// Rows per cache block unless a case names `bs`.
 pub const DEFAULT_BLOCK_SIZE: usize = 64;
-/// Indices per token unless a case names `k`.
+/// Indices per token unless a case names `k` (or `klen`).
 pub const DEFAULT_TOPK: usize = 2048;
 /// Sequence length of each request of a gather case unless it names `l`.
 pub const DEFAULT_GATHER_LEN: usize = 65_536;
 
-/// Dense paged decode: `batch` requests of `seq_len` cached tokens, `q_len` query rows each;
-/// with `long` > 0, request 0 has `long` tokens instead (a mixed-length batch).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Per-request lengths (dense `lens`) or per-row topk_len (sparse `klen`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lens {
+    /// `uniform:LO-HI`: each drawn uniformly in `lo..=hi` from the case's seed.
+    Uniform { lo: usize, hi: usize },
+    /// `A*N+B*M+...`: `(length, count)` runs, in order.
+    Runs(Vec<(usize, usize)>),
+}
+
+impl Lens {
+    /// Parses `uniform:LO-HI` or `A*N+B*M+...`.
+    pub fn parse(text: &str) -> Result<Lens, String> {
+        let count = |v: &str| {
+            v.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("`{v}` is not a count"))
+        };
+        if let Some(range) = text.strip_prefix("uniform:") {
+            let (lo, hi) = range
+                .split_once('-')
+                .ok_or_else(|| format!("`{text}`: expected uniform:LO-HI"))?;
+            let (lo, hi) = (count(lo)?, count(hi)?);
+            if lo > hi {
+                return Err(format!("`{text}`: LO > HI"));
+            }
+            return Ok(Lens::Uniform { lo, hi });
+        }
+        let mut runs = Vec::new();
+        for term in text.split('+') {
+            let (len, n) = term
+                .split_once('*')
+                .ok_or_else(|| format!("`{term}` in `{text}`: expected LEN*COUNT"))?;
+            let (len, n) = (count(len)?, count(n)?);
+            if n == 0 {
+                return Err(format!("`{term}` in `{text}`: a count of 0"));
+            }
+            runs.push((len, n));
+        }
+        Ok(Lens::Runs(runs))
+    }
+
+    /// How many lengths the runs give (None for `uniform`, whose count is the case's).
+    pub fn count(&self) -> Option<usize> {
+        match self {
+            Lens::Uniform { .. } => None,
+            Lens::Runs(runs) => Some(runs.iter().map(|r| r.1).sum()),
+        }
+    }
+
+    /// The shortest and the longest length it can give.
+    pub fn bounds(&self) -> (usize, usize) {
+        match self {
+            Lens::Uniform { lo, hi } => (*lo, *hi),
+            Lens::Runs(runs) => (
+                runs.iter().map(|r| r.0).min().unwrap_or(0),
+                runs.iter().map(|r| r.0).max().unwrap_or(0),
+            ),
+        }
+    }
+
+    /// The `n` lengths (`uniform` draws them from `seed`).
+    pub fn values(&self, n: usize, seed: u64) -> Vec<usize> {
+        match self {
+            Lens::Uniform { lo, hi } => {
+                let mut rng = Rng::new(seed);
+                (0..n).map(|_| rng.range(*lo, *hi)).collect()
+            }
+            Lens::Runs(runs) => runs
+                .iter()
+                .flat_map(|&(len, k)| std::iter::repeat_n(len, k))
+                .collect(),
+        }
+    }
+}
+
+impl fmt::Display for Lens {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Lens::Uniform { lo, hi } => write!(f, "uniform:{lo}-{hi}"),
+            Lens::Runs(runs) => {
+                for (i, (len, n)) in runs.iter().enumerate() {
+                    write!(f, "{}{len}*{n}", if i > 0 { "+" } else { "" })?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Dense paged decode: `batch` requests of `seq_len` cached tokens each (or of the lengths
+/// `lens` gives), `q_len` query rows each.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DenseSpec {
     pub batch: usize,
     pub q_len: usize,
     pub heads: usize,
-    pub seq_len: usize,
-    pub long: usize,
+    /// `l`: every request's length, or with `lens` the length the block table holds.
+    pub seq_len: Option<usize>,
+    pub lens: Option<Lens>,
+    /// Seed of `lens=uniform:...`.
+    pub seed: u64,
     pub block_size: usize,
     pub dtype: DType,
 }
 
-/// Sparse decode: `tokens` query rows, each attending `topk` distinct slots of a `pool`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+impl DenseSpec {
+    /// Cached tokens of each request.
+    pub fn seq_lens(&self) -> Vec<usize> {
+        match (&self.lens, self.seq_len) {
+            (Some(lens), _) => lens.values(self.batch, self.seed),
+            (None, Some(l)) => vec![l; self.batch],
+            (None, None) => Vec::new(), // not parsed: `check` refuses it
+        }
+    }
+
+    /// The length the block table holds: `l`, else the longest request.
+    pub fn table_len(&self) -> usize {
+        self.seq_len
+            .unwrap_or_else(|| self.seq_lens().into_iter().max().unwrap_or(0))
+    }
+
+    /// The lengths as the JSON's `lens` spells them: `L*B`, or the `lens` key.
+    pub fn lens_label(&self) -> String {
+        match (&self.lens, self.seq_len) {
+            (Some(lens), _) => lens.to_string(),
+            (None, l) => format!("{}*{}", l.unwrap_or(0), self.batch),
+        }
+    }
+}
+
+/// Sparse decode: `tokens` query rows, each attending `topk` distinct slots of a `pool`
+/// (the first `klen` of them where `klen` is given, through topk_len).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SparseSpec {
     pub tokens: usize,
     pub heads: usize,
     pub topk: usize,
+    /// Per-row topk_len.
+    pub klen: Option<Lens>,
+    /// Seed of `klen=uniform:...`.
+    pub seed: u64,
     pub pool: usize,
     pub block_size: usize,
     pub dtype: DType,
+}
+
+impl SparseSpec {
+    /// topk_len of each row (None: every row reads `topk`).
+    pub fn topk_lens(&self) -> Option<Vec<usize>> {
+        self.klen.as_ref().map(|k| k.values(self.tokens, self.seed))
+    }
+
+    /// The per-row lengths as the JSON's `lens` spells them: `K*T`, or the `klen` key.
+    pub fn lens_label(&self) -> String {
+        match &self.klen {
+            Some(k) => k.to_string(),
+            None => format!("{}*{}", self.topk, self.tokens),
+        }
+    }
 }
 
 /// The index gather alone: `tokens` rows of `topk` logical positions in requests of
@@ -58,7 +209,7 @@ pub struct GatherSpec {
 }
 
 /// One benchmark case.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CaseSpec {
     Dense(DenseSpec),
     Sparse(SparseSpec),
@@ -70,15 +221,22 @@ pub const DEFAULT_GRID: &[&str] = &[
     "dense:b=64,h=8,l=4096",
     "dense:b=128,h=8,l=8192",
     "dense:b=32,h=16,l=16384",
+    "dense:b=16,h=8,l=4096",
     "dense:b=1,h=8,l=4096",
+    "dense:b=1,h=8,l=1", // the one-token call
     "dense:b=4,h=8,l=65536",
+    "dense:h=8,lens=uniform:1-8192,b=64",
+    "dense:h=8,lens=512*15+8192*1",
+    "dense:h=16,lens=1024*127+65536*1",
     "dense:b=64,h=64,l=4096",
     "dense:b=128,h=128,l=4096",
     "dense:b=32,q=2,h=8,l=8192", // GLM-5 at TP8 with one MTP token
     "dense:b=64,h=8,l=4096,dtype=f16",
     "sparse:t=1,h=8",
+    "sparse:t=1,h=8,k=1",
     "sparse:t=32,h=8",
     "sparse:t=128,h=8",
+    "sparse:t=64,h=8,klen=uniform:1-2048",
     "sparse:t=128,h=16",
     "sparse:t=64,h=64",
     "sparse:t=128,h=128",
@@ -102,23 +260,8 @@ impl CaseSpec {
             .ok_or_else(|| format!("case `{text}`: expected KIND:key=value,..."))?;
         let mut f = Fields::parse(text, rest)?;
         let spec = match kind {
-            "dense" => CaseSpec::Dense(DenseSpec {
-                batch: f.count("b", None)?,
-                q_len: f.ranged("q", Some(1), 1..=MAX_Q_LEN)?,
-                heads: f.ranged("h", None, 1..=MAX_HEADS)?,
-                seq_len: f.count("l", None)?,
-                long: f.ranged("long", Some(0), 0..=usize::MAX)?,
-                block_size: f.block_size()?,
-                dtype: f.dtype()?,
-            }),
-            "sparse" => CaseSpec::Sparse(SparseSpec {
-                tokens: f.count("t", None)?,
-                heads: f.ranged("h", None, 1..=MAX_HEADS)?,
-                topk: f.ranged("k", Some(DEFAULT_TOPK), 1..=MAX_TOPK)?,
-                pool: f.count("pool", Some(DEFAULT_POOL))?,
-                block_size: f.block_size()?,
-                dtype: f.dtype()?,
-            }),
+            "dense" => CaseSpec::Dense(f.dense()?),
+            "sparse" => CaseSpec::Sparse(f.sparse()?),
             "gather" => CaseSpec::Gather(GatherSpec {
                 tokens: f.count("t", None)?,
                 topk: f.ranged("k", Some(DEFAULT_TOPK), 1..=MAX_TOPK)?,
@@ -138,23 +281,44 @@ impl CaseSpec {
 
     /// Limits the grammar alone cannot express.
     fn check(&self) -> Result<(), String> {
+        let fits_i32 = |what: &str, v: usize| {
+            if v > i32::MAX as usize {
+                Err(format!("{what}={v} does not fit int32"))
+            } else {
+                Ok(())
+            }
+        };
         match self {
             CaseSpec::Sparse(s) if s.pool < s.topk => Err(format!(
                 "pool={} has fewer slots than k={} (slots are drawn without repeats)",
                 s.pool, s.topk
             )),
-            CaseSpec::Sparse(s) if s.pool > i32::MAX as usize => {
-                Err(format!("pool={} does not fit int32 slot ids", s.pool))
-            }
+            CaseSpec::Sparse(s) => fits_i32("pool", s.pool),
             CaseSpec::Gather(g) if g.seq_len < g.topk => Err(format!(
                 "l={} is shorter than k={} (positions are drawn without repeats)",
                 g.seq_len, g.topk
             )),
-            CaseSpec::Dense(d) if d.seq_len < d.q_len => {
-                Err(format!("l={} is shorter than q={}", d.seq_len, d.q_len))
-            }
-            CaseSpec::Dense(d) if d.long > 0 && d.long < d.q_len => {
-                Err(format!("long={} is shorter than q={}", d.long, d.q_len))
+            CaseSpec::Dense(d) => {
+                let (shortest, longest) = match (&d.lens, d.seq_len) {
+                    (Some(lens), _) => lens.bounds(),
+                    (None, Some(l)) => (l, l),
+                    (None, None) => return Err("`l` (or `lens`) is required".into()),
+                };
+                if shortest < d.q_len {
+                    let what = if d.lens.is_some() { "a length" } else { "l" };
+                    return Err(format!(
+                        "{what} of {shortest} is shorter than q={}",
+                        d.q_len
+                    ));
+                }
+                if let (Some(_), Some(l)) = (&d.lens, d.seq_len) {
+                    if l < longest {
+                        return Err(format!(
+                            "l={l} is shorter than the longest length {longest}"
+                        ));
+                    }
+                }
+                fits_i32("l", longest.max(d.seq_len.unwrap_or(0)))
             }
             _ => Ok(()),
         }
@@ -185,13 +349,16 @@ impl fmt::Display for CaseSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             CaseSpec::Dense(d) => {
-                write!(
-                    f,
-                    "dense:b={},q={},h={},l={},bs={},dtype={}",
-                    d.batch, d.q_len, d.heads, d.seq_len, d.block_size, d.dtype
-                )?;
-                if d.long > 0 {
-                    write!(f, ",long={}", d.long)?;
+                write!(f, "dense:b={},q={},h={}", d.batch, d.q_len, d.heads)?;
+                if let Some(l) = d.seq_len {
+                    write!(f, ",l={l}")?;
+                }
+                if let Some(lens) = &d.lens {
+                    write!(f, ",lens={lens}")?;
+                }
+                write!(f, ",bs={},dtype={}", d.block_size, d.dtype)?;
+                if d.seed != 0 {
+                    write!(f, ",seed={}", d.seed)?;
                 }
                 Ok(())
             }
@@ -201,11 +368,17 @@ impl fmt::Display for CaseSpec {
                     "sparse:t={},h={},k={},dtype={}",
                     s.tokens, s.heads, s.topk, s.dtype
                 )?;
+                if let Some(klen) = &s.klen {
+                    write!(f, ",klen={klen}")?;
+                }
                 if s.pool != DEFAULT_POOL {
                     write!(f, ",pool={}", s.pool)?;
                 }
                 if s.block_size != DEFAULT_BLOCK_SIZE {
                     write!(f, ",bs={}", s.block_size)?;
+                }
+                if s.seed != 0 {
+                    write!(f, ",seed={}", s.seed)?;
                 }
                 Ok(())
             }
@@ -245,6 +418,10 @@ impl<'a> Fields<'a> {
         Ok(Fields { text, pairs })
     }
 
+    fn err(&self, what: impl fmt::Display) -> String {
+        format!("case `{}`: {what}", self.text)
+    }
+
     fn take(&mut self, key: &str) -> Option<&'a str> {
         let i = self.pairs.iter().position(|(k, _)| *k == key)?;
         Some(self.pairs.remove(i).1)
@@ -254,28 +431,139 @@ impl<'a> Fields<'a> {
         self.ranged(key, default, 1..=usize::MAX)
     }
 
+    /// An optional count (None when absent).
+    fn maybe(
+        &mut self,
+        key: &str,
+        range: std::ops::RangeInclusive<usize>,
+    ) -> Result<Option<usize>, String> {
+        if self.pairs.iter().any(|(k, _)| *k == key) {
+            self.ranged(key, None, range).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
     fn ranged(
         &mut self,
         key: &str,
         default: Option<usize>,
         range: std::ops::RangeInclusive<usize>,
     ) -> Result<usize, String> {
-        let text = self.text;
         let v = match (self.take(key), default) {
             (Some(v), _) => v
                 .parse::<usize>()
-                .map_err(|_| format!("case `{text}`: {key}=`{v}` is not a count"))?,
+                .map_err(|_| self.err(format!("{key}=`{v}` is not a count")))?,
             (None, Some(d)) => d,
-            (None, None) => return Err(format!("case `{text}`: `{key}` is required")),
+            (None, None) => return Err(self.err(format!("`{key}` is required"))),
         };
         if !range.contains(&v) {
             let allowed = match *range.end() {
                 usize::MAX => format!("must be at least {}", range.start()),
                 end => format!("outside {}..={end}", range.start()),
             };
-            return Err(format!("case `{text}`: {key}={v} {allowed}"));
+            return Err(self.err(format!("{key}={v} {allowed}")));
         }
         Ok(v)
+    }
+
+    fn lens(&mut self, key: &str) -> Result<Option<Lens>, String> {
+        match self.take(key) {
+            None => Ok(None),
+            Some(v) => Lens::parse(v)
+                .map(Some)
+                .map_err(|e| self.err(format!("{key}: {e}"))),
+        }
+    }
+
+    /// `seed` (0 by default), which only `uniform` lengths use.
+    fn seed(&mut self, lens: Option<&Lens>) -> Result<u64, String> {
+        match self.take("seed") {
+            None => Ok(0),
+            Some(_) if !matches!(lens, Some(Lens::Uniform { .. })) => {
+                Err(self.err("seed= is only used by uniform:LO-HI lengths"))
+            }
+            Some(v) => v
+                .parse::<u64>()
+                .map_err(|_| self.err(format!("seed=`{v}` is not a u64"))),
+        }
+    }
+
+    /// The request count: `key` (`b` / `t`), which must equal the count of runs when both
+    /// are given.
+    fn batch(&mut self, key: &str, lens: Option<&Lens>) -> Result<usize, String> {
+        let given = self.maybe(key, 1..=usize::MAX)?;
+        match (given, lens.and_then(Lens::count)) {
+            (Some(b), Some(n)) if b != n => Err(self.err(format!(
+                "{key}={b} but the lengths give {n} (leave {key} out or make them agree)"
+            ))),
+            (Some(b), _) | (None, Some(b)) => Ok(b),
+            (None, None) => Err(self.err(format!("`{key}` is required"))),
+        }
+    }
+
+    fn dense(&mut self) -> Result<DenseSpec, String> {
+        let mut lens = self.lens("lens")?;
+        let long = self.maybe("long", 1..=usize::MAX)?;
+        let q_len = self.ranged("q", Some(1), 1..=MAX_Q_LEN)?;
+        let heads = self.ranged("h", None, 1..=MAX_HEADS)?;
+        let mut seq_len = self.maybe("l", 1..=usize::MAX)?;
+        let seed = self.seed(lens.as_ref())?;
+        let batch = if let Some(long) = long {
+            // The older spelling of one long request: lens=LONG*1+L*(b-1).
+            let (Some(l), None) = (seq_len, &lens) else {
+                return Err(self.err("long=N needs l= and no lens="));
+            };
+            let b = self.count("b", None)?;
+            let mut runs = vec![(long, 1)];
+            if b > 1 {
+                runs.push((l, b - 1));
+            }
+            lens = Some(Lens::Runs(runs));
+            seq_len = None;
+            b
+        } else {
+            self.batch("b", lens.as_ref())?
+        };
+        Ok(DenseSpec {
+            batch,
+            q_len,
+            heads,
+            seq_len,
+            lens,
+            seed,
+            block_size: self.block_size()?,
+            dtype: self.dtype()?,
+        })
+    }
+
+    fn sparse(&mut self) -> Result<SparseSpec, String> {
+        let klen = self.lens("klen")?;
+        let tokens = self.batch("t", klen.as_ref())?;
+        let heads = self.ranged("h", None, 1..=MAX_HEADS)?;
+        let longest = klen.as_ref().map(|k| k.bounds().1);
+        if let Some(hi) = longest.filter(|&hi| hi > MAX_TOPK) {
+            return Err(self.err(format!("klen reaches {hi}, more than {MAX_TOPK}")));
+        }
+        let topk = self.ranged(
+            "k",
+            Some(longest.unwrap_or(DEFAULT_TOPK).max(1)),
+            1..=MAX_TOPK,
+        )?;
+        if let Some(hi) = longest.filter(|&hi| hi > topk) {
+            return Err(self.err(format!("klen reaches {hi}, more than k={topk}")));
+        }
+        let seed = self.seed(klen.as_ref())?;
+        Ok(SparseSpec {
+            tokens,
+            heads,
+            topk,
+            klen,
+            seed,
+            pool: self.count("pool", Some(DEFAULT_POOL))?,
+            block_size: self.block_size()?,
+            dtype: self.dtype()?,
+        })
     }
 
     fn block_size(&mut self) -> Result<usize, String> {
@@ -283,10 +571,7 @@ impl<'a> Fields<'a> {
         if BLOCK_SIZES.contains(&bs) {
             Ok(bs)
         } else {
-            Err(format!(
-                "case `{}`: bs={bs} is not one of {BLOCK_SIZES:?}",
-                self.text
-            ))
+            Err(self.err(format!("bs={bs} is not one of {BLOCK_SIZES:?}")))
         }
     }
 
@@ -294,17 +579,14 @@ impl<'a> Fields<'a> {
         match self.take("dtype") {
             None | Some("bf16") => Ok(DType::Bf16),
             Some("f16") => Ok(DType::F16),
-            Some(other) => Err(format!(
-                "case `{}`: dtype=`{other}` (expected bf16 or f16)",
-                self.text
-            )),
+            Some(other) => Err(self.err(format!("dtype=`{other}` (expected bf16 or f16)"))),
         }
     }
 
     fn finish(self) -> Result<(), String> {
         match self.pairs.first() {
             None => Ok(()),
-            Some((k, _)) => Err(format!("case `{}`: unknown key `{k}`", self.text)),
+            Some((k, _)) => Err(self.err(format!("unknown key `{k}`"))),
         }
     }
 }

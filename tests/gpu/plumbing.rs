@@ -1,23 +1,28 @@
-//! GPU tests of the safe layer's plumbing (`#[ignore]`d: run with `--include-ignored` on a
-//! GPU). Small cases whose answers follow from the inputs by hand: cache rows that are
-//! constant across their 576 dims, so that a score is `scale · c · Σq`. They check that
-//! pointers, strides, lengths, plans, the error flag and validation reach the kernels as meant;
-//! numerical accuracy is the correctness tests' business.
+//! GPU tests of the safe layer's plumbing: small cases whose answers follow from the inputs
+//! by hand: cache rows that are constant across their 576 dims, so that a score is
+//! `scale · c · Σq`. They check that pointers, strides, lengths, plans, the error flag and
+//! validation reach the kernels as meant; numerical accuracy is the other modules' business.
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaStream};
-use half::{bf16, f16};
+use mla_decode::cudarc::driver::{result, CudaStream, DevicePtr};
+use mla_decode::half::{bf16, f16};
+use mla_decode::*;
 
-use crate::*;
+use crate::kit::gpu;
 
 fn stream() -> Arc<CudaStream> {
-    assert!(
-        cuda_available(),
-        "libcuda not found: these tests need a GPU"
-    );
-    let ctx = CudaContext::new(0).expect("CUDA context on device 0");
-    ctx.new_stream().expect("stream")
+    gpu().1
+}
+
+/// Writes `words` into the flag's 4 device words, as a kernel that found a fault would.
+fn write_flag(stream: &Arc<CudaStream>, flag: &ErrorFlag, words: [u32; 4]) {
+    stream.context().bind_to_thread().unwrap();
+    let (ptr, _guard) = flag.raw().device_ptr(stream);
+    // SAFETY: the flag owns 16 bytes at `ptr`; the copy is ordered on `stream`, which is
+    // synchronized before `words` goes out of scope.
+    unsafe { result::memcpy_htod_async(ptr, &words[..], stream.cu_stream()) }.unwrap();
+    stream.synchronize().unwrap();
 }
 
 /// Cache of `num_blocks` blocks of 16 rows: row `slot` = `value(slot)` in all 576 dims.
@@ -56,11 +61,9 @@ fn gpu_device_info_and_error_flag() {
     );
     assert!(info.l2_cache_bytes > 0, "{info:?}");
 
-    let mut flag = ErrorFlag::new(&stream).unwrap();
+    let flag = ErrorFlag::new(&stream).unwrap();
     assert_eq!(flag.check(&stream), Ok(()));
-    stream
-        .memcpy_htod(&[3u32, 7, (-2i32) as u32, 0], flag.words_mut())
-        .unwrap();
+    write_flag(&stream, &flag, [3u32, 7, (-2i32) as u32, 0]);
     assert_eq!(
         flag.check(&stream),
         Err(Error::DeviceFault {

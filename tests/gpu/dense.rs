@@ -1,0 +1,470 @@
+//! Dense paged decode against the f64 reference: random shapes across the whole scope,
+//! edge lengths, large batches, many heads, a long sequence, and the inputs the host cannot
+//! check (bad block ids, bad seq_lens, the error flag's round trip).
+
+use std::sync::Arc;
+
+use mla_decode::cudarc::driver::CudaStream;
+use mla_decode::half::{bf16, f16};
+use mla_decode::reference::{fault_code, Fault};
+use mla_decode::{DType, DecodePlan, Error, ErrorFlag, FaultCode, PlanOptions};
+use proptest::prelude::{any, prop, Just, Strategy};
+use proptest::prop_oneof;
+
+use crate::kit::*;
+
+/// Most cache rows one random case uses (keeps host memory and data generation modest).
+const ROW_CAP: usize = 120_000;
+
+/// Builds the problem of `spec` in `T`, runs it, and compares every (row, head) with the
+/// reference.
+fn check_dense<T: Half>(
+    label: &str,
+    rng: &mut Rng,
+    stream: &Arc<CudaStream>,
+    spec: &DenseSpec,
+    options: PlanOptions,
+) {
+    let s = DenseSetup::<T>::build(rng, spec);
+    check_problem(label, rng, stream, &s, options);
+}
+
+/// [`check_dense`] with the default plan, in `dtype`.
+fn check_dense_in(
+    dtype: DType,
+    label: &str,
+    rng: &mut Rng,
+    stream: &Arc<CudaStream>,
+    spec: &DenseSpec,
+) {
+    with_dtype!(dtype, T => check_dense::<T>(label, rng, stream, spec, PlanOptions::default()));
+}
+
+#[derive(Clone, Debug)]
+struct DenseCase {
+    dtype: DType,
+    heads: usize,
+    q_len: usize,
+    block_size: usize,
+    batch: usize,
+    max_len: usize,
+    sm120_occupancy: bool,
+    seed: u64,
+}
+
+fn dense_cases() -> impl Strategy<Value = DenseCase> {
+    (
+        prop::sample::select(vec![DType::F16, DType::Bf16]),
+        prop_oneof![1 => Just(1usize), 1 => Just(128usize), 4 => 1..=128usize],
+        1..=8usize,
+        prop::sample::select(vec![16usize, 32, 64, 128]),
+        prop_oneof![1 => Just(64usize), 4 => 1..=64usize],
+        0..=5000usize,
+        any::<bool>(),
+        any::<u64>(),
+    )
+        .prop_map(
+            |(dtype, heads, q_len, block_size, batch, max_len, sm120_occupancy, seed)| DenseCase {
+                dtype,
+                heads,
+                q_len,
+                block_size,
+                batch,
+                max_len,
+                sm120_occupancy,
+                seed,
+            },
+        )
+}
+
+/// The problem of a random case: lengths mostly at edges, scaled down to the work budget.
+fn dense_case_spec(c: &DenseCase, rng: &mut Rng) -> DenseSpec {
+    let bs = c.block_size;
+    let mut lens: Vec<usize> = (0..c.batch).map(|_| edge_len(rng, c.max_len, bs)).collect();
+    let total: usize = lens.iter().sum();
+    let cap = (WORK_BUDGET / (c.heads * c.q_len)).min(ROW_CAP);
+    if total > cap {
+        lens.iter_mut().for_each(|l| *l = *l * cap / total);
+    }
+    let longest = lens.iter().copied().max().unwrap_or(0).max(c.max_len);
+    DenseSpec {
+        q_len: c.q_len,
+        heads: c.heads,
+        block_size: bs,
+        max_blocks_per_seq: longest.div_ceil(bs).max(1) + rng.below(3),
+        table_pad: if rng.chance(0.5) { 0 } else { rng.range(1, 5) },
+        block_pad: 8 * rng.below(4),
+        spare_blocks: rng.below(8),
+        junk_unused: rng.chance(0.5),
+        seq_lens: lens.iter().map(|&l| l as i32).collect(),
+        scale: rng.softmax_scale(),
+    }
+}
+
+/// Random shapes across the whole scope: dtype, 1..=128 heads, q_len 1..=8, every block size
+/// with padded block strides, batch 1..=64 with different lengths 0..=5000 (scaled down to a
+/// work budget for the reference), random scale, every query/out/lse layout, shuffled tables
+/// with junk past each request's blocks, both occupancy modes.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dense_random_shapes() {
+    let (_ctx, stream) = gpu();
+    run_cases("dense_random_shapes", 16, dense_cases(), |c| {
+        let mut rng = Rng::new(c.seed);
+        let spec = dense_case_spec(c, &mut rng);
+        let options = plan_options(c.sm120_occupancy);
+        let label = format!("dense_random_shapes {c:?}");
+        with_dtype!(c.dtype, T => check_dense::<T>(&label, &mut rng, &stream, &spec, options));
+    });
+}
+
+/// Lengths 0, 1, 15, 16, 17, around every block size, not multiples of it, and the full
+/// table, with q_len 1 and 8 (so that some causal rows see nothing), both dtypes.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dense_edge_seq_lens() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("dense_edge_seq_lens");
+    for bs in [16usize, 32, 64, 128] {
+        for q_len in [1usize, 8] {
+            for dtype in [DType::F16, DType::Bf16] {
+                let mbps = 3000usize.div_ceil(bs) + 1;
+                let mut lens = vec![
+                    0,
+                    1,
+                    7,
+                    8,
+                    9,
+                    15,
+                    16,
+                    17,
+                    bs - 1,
+                    bs,
+                    bs + 1,
+                    2 * bs,
+                    3 * bs + 5,
+                    mbps * bs,
+                    rng.range(100, 3000),
+                ];
+                rng.shuffle(&mut lens);
+                let spec = DenseSpec {
+                    q_len,
+                    heads: rng.range(1, 8),
+                    block_size: bs,
+                    max_blocks_per_seq: mbps,
+                    table_pad: rng.below(3),
+                    block_pad: 8 * rng.below(3),
+                    spare_blocks: rng.below(4),
+                    junk_unused: true,
+                    seq_lens: lens.iter().map(|&l| l as i32).collect(),
+                    scale: rng.softmax_scale(),
+                };
+                let label = format!("dense_edge_seq_lens bs {bs} q_len {q_len}");
+                check_dense_in(dtype, &label, &mut rng, &stream, &spec);
+            }
+        }
+    }
+}
+
+/// Batches past one CTA's worth of requests (129..=700: the split is then found by a pass
+/// for the total and a walk over the requests, in decode and in the combine), short
+/// lengths with edges and empty requests, both dtypes.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dense_large_batches() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("dense_large_batches");
+    for (batch, dtype) in [
+        (129usize, DType::Bf16),
+        (257, DType::F16),
+        (700, DType::Bf16),
+    ] {
+        let bs = 16;
+        let mbps = 12usize;
+        let seq_lens: Vec<i32> = (0..batch)
+            .map(|_| edge_len(&mut rng, mbps * bs, bs) as i32)
+            .collect();
+        let spec = DenseSpec {
+            q_len: 1 + rng.below(2),
+            heads: rng.range(1, 16),
+            block_size: bs,
+            max_blocks_per_seq: mbps,
+            table_pad: rng.below(3),
+            block_pad: 0,
+            spare_blocks: rng.below(4),
+            junk_unused: true,
+            seq_lens,
+            scale: rng.softmax_scale(),
+        };
+        let label = format!("dense_large_batches batch {batch}");
+        check_dense_in(dtype, &label, &mut rng, &stream, &spec);
+    }
+}
+
+/// One head and 128 heads, with q_len 1 and 8 (128 heads × 8 rows = 1024 query rows per
+/// request).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dense_one_head_and_128_heads() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("dense_one_head_and_128_heads");
+    for (heads, q_len, dtype) in [
+        (1, 1, DType::Bf16),
+        (1, 8, DType::F16),
+        (128, 1, DType::F16),
+        (128, 8, DType::Bf16),
+    ] {
+        let bs = rng.pick(&[16usize, 32, 64, 128]);
+        let lens = [rng.range(300, 700), rng.range(0, 40), rng.range(1, 700)];
+        let spec = DenseSpec {
+            q_len,
+            heads,
+            block_size: bs,
+            max_blocks_per_seq: 700usize.div_ceil(bs) + 1,
+            table_pad: rng.below(3),
+            block_pad: 8 * rng.below(3),
+            spare_blocks: 2,
+            junk_unused: true,
+            seq_lens: lens.iter().map(|&l| l as i32).collect(),
+            scale: rng.softmax_scale(),
+        };
+        let label = format!("dense heads {heads} q_len {q_len}");
+        check_dense_in(dtype, &label, &mut rng, &stream, &spec);
+    }
+}
+
+/// One sequence of 131,077 rows (plus a short one), 8 heads, q_len 2: the reference covers all
+/// of the sequence for 3 sampled heads.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dense_long_sequence_131077_rows() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("dense_long_sequence_131077_rows");
+    let bs = rng.pick(&[16usize, 32, 64, 128]);
+    let long = 131_077usize;
+    let spec = DenseSpec {
+        q_len: 2,
+        heads: 8,
+        block_size: bs,
+        max_blocks_per_seq: long.div_ceil(bs) + 1,
+        table_pad: 3,
+        block_pad: 8,
+        spare_blocks: 5,
+        junk_unused: true,
+        seq_lens: vec![long as i32, 777],
+        scale: 1.0 / 16.0,
+    };
+    let s = DenseSetup::<bf16>::build(&mut rng, &spec);
+    let q = HostQuery::<bf16>::random(&mut rng, QKind::SplitSeparate, s.tokens(), s.heads);
+    let got = run_once(
+        &mut rng,
+        &stream,
+        &s,
+        &q,
+        Some(RowsKind::Padded),
+        PlanOptions::default(),
+    );
+    let mut heads: Vec<usize> = rng.sample(8, 3);
+    heads.sort_unstable();
+    let want = s.reference(&q, &heads);
+    let label = format!("dense_long_sequence bs {bs} heads {heads:?}");
+    check_flag(&label, got.flag, &want.faults);
+    check_outputs(&label, &got, &want, &heads);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Inputs the host cannot check: bad block ids, bad seq_lens, the error flag
+
+fn small_spec(seq_lens: Vec<i32>, rng: &mut Rng) -> DenseSpec {
+    DenseSpec {
+        q_len: 2,
+        heads: 4,
+        block_size: 16,
+        max_blocks_per_seq: 5,
+        table_pad: 2,
+        block_pad: 8,
+        spare_blocks: 2,
+        junk_unused: true,
+        seq_lens,
+        scale: rng.softmax_scale(),
+    }
+}
+
+/// Runs `s` (random layouts), checks the outputs against the reference, and returns the flag
+/// and the reference's faults.
+fn run_small<T: Half>(
+    label: &str,
+    rng: &mut Rng,
+    stream: &Arc<CudaStream>,
+    s: &DenseSetup<T>,
+) -> ([u32; 4], Vec<Fault>) {
+    let kind = QKind::random(rng);
+    let q = HostQuery::<T>::random(rng, kind, s.tokens(), s.heads);
+    let lse_kind = Strided::random_kind(rng);
+    let got = run_once(rng, stream, s, &q, Some(lse_kind), PlanOptions::default());
+    let heads = all_heads(s.heads);
+    let want = s.reference(&q, &heads);
+    check_outputs(label, &got, &want, &heads);
+    (got.flag, want.faults)
+}
+
+/// A small random problem on the main path (split q, strided outputs, padded blocks, q_len
+/// 2), both dtypes: the memcheck/racecheck case of dense decode.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sanitize_dense_small_random() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("sanitize_dense_small_random");
+    for dtype in [DType::F16, DType::Bf16] {
+        let lens = (0..3).map(|_| rng.range(0, 80) as i32).collect();
+        let spec = small_spec(lens, &mut rng);
+        check_dense_in(dtype, "sanitize small", &mut rng, &stream, &spec);
+    }
+}
+
+/// Block-table entries -5 and >= num_blocks in columns a request uses: their rows are skipped
+/// (as the reference skips them) and the flag records BadBlockId with the request and entry.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sanitize_dense_bad_block_ids() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("sanitize_dense_bad_block_ids");
+    let spec = small_spec(vec![40, 50, 33], &mut rng);
+    let s = DenseSetup::<bf16>::build(&mut rng, &spec);
+    let ts = s.table_stride;
+    let nb = s.cache.num_blocks as i32;
+
+    let mut a = s.clone();
+    a.table[ts + 1] = -5;
+    let (flag, faults) = run_small("bad block -5", &mut rng, &stream, &a);
+    assert_eq!(
+        faults,
+        [Fault {
+            code: fault_code::BAD_BLOCK_ID,
+            row: 1,
+            value: -5
+        }]
+    );
+    check_flag_is("bad block -5", flag, fault_code::BAD_BLOCK_ID, 1, -5);
+
+    let mut b = s.clone();
+    b.table[2 * ts + 2] = nb + 7;
+    let (flag, faults) = run_small("bad block >= num_blocks", &mut rng, &stream, &b);
+    assert_eq!(faults.len(), 1);
+    check_flag_is(
+        "bad block >= num_blocks",
+        flag,
+        fault_code::BAD_BLOCK_ID,
+        2,
+        nb + 7,
+    );
+
+    let mut c = s.clone();
+    c.table[1] = i32::MAX;
+    c.table[ts + 1] = -5;
+    c.table[2 * ts] = nb;
+    let (flag, faults) = run_small("three bad blocks", &mut rng, &stream, &c);
+    assert_eq!(faults.len(), 3);
+    check_flag("three bad blocks", flag, &faults);
+}
+
+/// A negative seq_len is treated as 0 (out 0, lse -inf) and one above max_blocks·block_size
+/// is clamped, each recorded (NegativeSeqLen / SeqLenTooLarge with the request and value).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sanitize_dense_bad_seq_lens() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("sanitize_dense_bad_seq_lens");
+    let cap = 5 * 16;
+    for (lens, want) in [
+        (
+            vec![-3, 20, 10],
+            Some((fault_code::NEGATIVE_SEQ_LEN, 0, -3)),
+        ),
+        (
+            vec![5, 10, cap + 9],
+            Some((fault_code::SEQ_LEN_TOO_LARGE, 2, cap + 9)),
+        ),
+        (vec![i32::MIN, i32::MAX, cap], None),
+    ] {
+        let label = format!("seq_lens {lens:?}");
+        let spec = small_spec(lens, &mut rng);
+        let s = DenseSetup::<f16>::build(&mut rng, &spec);
+        let (flag, faults) = run_small(&label, &mut rng, &stream, &s);
+        match want {
+            Some((code, row, value)) => {
+                assert_eq!(faults, [Fault { code, row, value }], "{label}");
+                check_flag_is(&label, flag, code, row as usize, value);
+            }
+            None => {
+                assert_eq!(faults.len(), 2, "{label}");
+                check_flag(&label, flag, &faults);
+            }
+        }
+    }
+}
+
+/// The flag through `check`: clean run Ok; a bad block id gives `DeviceFault`; a second,
+/// different fault does not replace the first; reset clears it; a clean run stays Ok; the
+/// fault comes back when the bad entry does.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sanitize_dense_error_flag_reset_round_trip() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("sanitize_dense_error_flag_reset_round_trip");
+    let spec = small_spec(vec![40, 50, 33], &mut rng);
+    let s = DenseSetup::<bf16>::build(&mut rng, &spec);
+    let q = HostQuery::<bf16>::random(&mut rng, QKind::Contiguous, s.tokens(), s.heads);
+    let mut dev = s.upload(&stream);
+    let qd = q.upload(&stream);
+    let mut out = DevOut::random(&mut rng, &stream, s.tokens(), s.heads);
+    let flag = ErrorFlag::new(&stream).unwrap();
+    let plan = DecodePlan::dense(&stream, s.shape(), PlanOptions::default()).unwrap();
+    let ts = s.table_stride;
+    let heads = all_heads(s.heads);
+
+    let run = |table: &[i32], dev: &mut DenseDev<bf16>, out: &mut DevOut<bf16>| {
+        stream.memcpy_htod(table, &mut dev.table).unwrap();
+        out.poison(&stream);
+        s.decode(&stream, dev, &plan, &qd, out, None, Some(&flag))
+            .unwrap();
+    };
+    let fault = |row: u32, value: i32| {
+        Err(Error::DeviceFault {
+            code: FaultCode::BadBlockId,
+            row,
+            value,
+        })
+    };
+
+    run(&s.table, &mut dev, &mut out);
+    assert_eq!(flag.check(&stream), Ok(()), "clean run");
+    let got = Outputs::read(&stream, &out, None, &flag);
+    check_outputs("clean run", &got, &s.reference(&q, &heads), &heads);
+
+    let mut bad = s.table.clone();
+    bad[ts] = -5;
+    run(&bad, &mut dev, &mut out);
+    assert_eq!(flag.check(&stream), fault(1, -5), "first fault");
+    let mut bad2 = s.table.clone();
+    bad2[2 * ts + 1] = 1_000_000;
+    run(&bad2, &mut dev, &mut out);
+    assert_eq!(flag.check(&stream), fault(1, -5), "first fault wins");
+
+    flag.reset(&stream).unwrap();
+    assert_eq!(flag.read(&stream).unwrap(), [0; 4], "after reset");
+    assert_eq!(flag.check(&stream), Ok(()), "after reset");
+
+    run(&s.table, &mut dev, &mut out);
+    assert_eq!(flag.check(&stream), Ok(()), "clean run after reset");
+    let got = Outputs::read(&stream, &out, None, &flag);
+    check_outputs(
+        "clean run after reset",
+        &got,
+        &s.reference(&q, &heads),
+        &heads,
+    );
+
+    run(&bad2, &mut dev, &mut out);
+    assert_eq!(flag.check(&stream), fault(2, 1_000_000), "fault again");
+}

@@ -1,0 +1,27 @@
+//! The GPU tests, in one integration-test binary (`test-gpu` on the GPU machine: every
+//! test binary links all the kernels, and what travels there is capped).
+//!
+//! Every test is `#[ignore]`d (CPU runs list it as ignored); the device runs them with
+//! `cargo test --release --test gpu -- --include-ignored --test-threads=1`. Tests whose name
+//! contains `sanitize_` are small and are the ones compute-sanitizer runs.
+//!
+//! Data are fresh random values each run: proptest cases print their value (which holds the
+//! data seed) on failure, the other tests print their seed (`MLA_TEST_SEED` replays one).
+//!
+//! - [`plumbing`]: hand-computed answers for the safe layer's plumbing (device info, the flag,
+//!   views and strides, validation with real buffers);
+//! - [`dense`], [`sparse`]: each decode against the f64 reference, and the inputs the host
+//!   cannot check;
+//! - [`cache_ops`]: `append_kv` and `gather_slots`;
+//! - [`end_to_end`]: sparse over every slot equals dense; a GLM-5 step gather → sparse;
+//! - [`repeat`]: plan reuse, CUDA-graph replay, bitwise determinism.
+
+#[path = "../kit/mod.rs"]
+mod kit;
+
+mod cache_ops;
+mod dense;
+mod end_to_end;
+mod plumbing;
+mod repeat;
+mod sparse;

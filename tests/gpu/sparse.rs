@@ -1,0 +1,338 @@
+//! Sparse (DSA top-k) decode against the f64 reference: random shapes across the scope, top-k
+//! at the tile edges and limits, ids spread over a large cache, and the inputs the host
+//! cannot check (bad ids, holes, duplicates, empty rows).
+
+use std::sync::Arc;
+
+use mla_decode::cudarc::driver::CudaStream;
+use mla_decode::half::{bf16, f16};
+use mla_decode::reference::{fault_code, Fault};
+use mla_decode::{DType, PlanOptions};
+use proptest::prelude::{any, prop, Just, Strategy};
+use proptest::prop_oneof;
+
+use crate::kit::*;
+
+#[derive(Clone, Debug)]
+struct SparseCase {
+    dtype: DType,
+    heads: usize,
+    topk: usize,
+    tokens: usize,
+    block_size: usize,
+    /// 0: a few blocks (many repeats), 1: hundreds of blocks, 2: >= 65,536 slots.
+    cache_size: u8,
+    sm120_occupancy: bool,
+    seed: u64,
+}
+
+fn sparse_cases() -> impl Strategy<Value = SparseCase> {
+    (
+        prop::sample::select(vec![DType::F16, DType::Bf16]),
+        prop_oneof![1 => Just(1usize), 1 => Just(8usize), 1 => Just(128usize), 3 => 1..=128usize],
+        prop_oneof![
+            1 => Just(2048usize),
+            1 => Just(100usize),
+            1 => Just(1000usize),
+            1 => Just(1usize),
+            1 => Just(4096usize),
+            4 => 1..=4096usize
+        ],
+        prop_oneof![1 => Just(300usize), 3 => 1..=300usize],
+        prop::sample::select(vec![16usize, 32, 64, 128]),
+        0..3u8,
+        any::<bool>(),
+        any::<u64>(),
+    )
+        .prop_map(
+            |(dtype, heads, topk, tokens, block_size, cache_size, sm120_occupancy, seed)| {
+                SparseCase {
+                    dtype,
+                    heads,
+                    topk,
+                    tokens,
+                    block_size,
+                    cache_size,
+                    sm120_occupancy,
+                    seed,
+                }
+            },
+        )
+}
+
+/// Tokens (scaled down to the work budget), cache blocks, row style and whether topk_len is
+/// given, for a random case.
+fn sparse_case_params(c: &SparseCase, rng: &mut Rng) -> (usize, usize, RowStyle, bool) {
+    // `+ 4`: repacking a token's rows for the reference costs about four heads.
+    let tokens = c
+        .tokens
+        .min((WORK_BUDGET / ((c.heads + 4) * c.topk)).max(1));
+    let num_blocks = match c.cache_size {
+        0 => rng.range(1, 8),
+        1 => rng.range(8, 400),
+        _ => 65_536 / c.block_size + rng.below(16),
+    };
+    let style = RowStyle {
+        hole: rng.pick(&[0.0, 0.05, 0.5]),
+        bad: if rng.chance(0.15) { 0.3 } else { 0.0 },
+    };
+    (tokens, num_blocks, style, rng.chance(0.4))
+}
+
+/// Random shapes across the scope: dtype, 1..=128 heads, topk 1..=4096 (2048, 100, 1000
+/// often), 1..=300 tokens (scaled down to a work budget for the reference), caches from a few
+/// blocks to >= 65,536 slots with padded strides, duplicates, holes, whole -1 rows, optional
+/// topk_len (0, > topk, negative), occasional bad ids, junk in the index row padding, every
+/// query/out/lse layout, both occupancy modes.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sparse_random_shapes() {
+    let (_ctx, stream) = gpu();
+    run_cases("sparse_random_shapes", 16, sparse_cases(), |c| {
+        let mut rng = Rng::new(c.seed);
+        let (tokens, num_blocks, style, with_len) = sparse_case_params(c, &mut rng);
+        let bs = c.block_size;
+        let options = plan_options(c.sm120_occupancy);
+        let label = format!("sparse_random_shapes {c:?} (tokens used {tokens})");
+        with_dtype!(c.dtype, T => {
+            let s = random_sparse::<T>(
+                &mut rng, tokens, c.heads, c.topk, num_blocks, bs, style, with_len,
+            );
+            check_problem(&label, &mut rng, &stream, &s, options);
+        });
+    });
+}
+
+/// topk at and around the tile sizes and the limits: 1, 2, 63, 64, 65, 100, 127, 1000, 2047,
+/// 2048, 2049, 4095, 4096.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sparse_topk_edges() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("sparse_topk_edges");
+    let style = RowStyle {
+        hole: 0.05,
+        bad: 0.0,
+    };
+    for (i, topk) in [
+        1usize, 2, 63, 64, 65, 100, 127, 1000, 2047, 2048, 2049, 4095, 4096,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let tokens = rng.range(1, (20_000 / topk).clamp(1, 24));
+        let heads = rng.range(1, 16);
+        let bs = rng.pick(&[16usize, 32, 64, 128]);
+        let num_blocks = rng.range(4, 300);
+        let with_len = i % 3 == 0;
+        let label = format!("sparse topk {topk} tokens {tokens} heads {heads}");
+        let dtype = [DType::Bf16, DType::F16][i % 2];
+        with_dtype!(dtype, T => {
+            let s = random_sparse::<T>(
+                &mut rng, tokens, heads, topk, num_blocks, bs, style, with_len,
+            );
+            check_problem(&label, &mut rng, &stream, &s, PlanOptions::default());
+        });
+    }
+}
+
+/// 48 tokens × 2048 distinct slots drawn from a cache of >= 65,536 slots with padded blocks
+/// (ids split by the kernel into block and offset), 16 heads.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sparse_spread_over_65536_slots() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("sparse_spread_over_65536_slots");
+    for bs in [16usize, 128] {
+        let cache = HostCache::<bf16>::random(&mut rng, 65_536 / bs + 7, bs, 8);
+        let slots = cache.num_slots();
+        let (tokens, topk) = (48, 2048);
+        let rows: Vec<Vec<i32>> = (0..tokens)
+            .map(|_| {
+                rng.sample(slots, topk)
+                    .into_iter()
+                    .map(|s| s as i32)
+                    .collect()
+            })
+            .collect();
+        let s = SparseSetup {
+            tokens,
+            heads: 16,
+            topk,
+            indices: pack_rows(&mut rng, &rows, topk, slots),
+            stride: topk,
+            cache,
+            topk_len: None,
+            scale: 1.0 / 16.0,
+        };
+        check_problem(
+            &format!("sparse spread bs {bs}"),
+            &mut rng,
+            &stream,
+            &s,
+            PlanOptions::default(),
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Inputs the host cannot check
+
+/// A small random problem (split q, strided outputs, padded blocks, holes, topk_len), both
+/// dtypes: the memcheck/racecheck case of sparse decode.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sanitize_sparse_small_random() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("sanitize_sparse_small_random");
+    let style = RowStyle {
+        hole: 0.1,
+        bad: 0.0,
+    };
+    let s = random_sparse::<bf16>(&mut rng, 5, 3, 100, 8, 16, style, true);
+    check_problem(
+        "sanitize sparse bf16",
+        &mut rng,
+        &stream,
+        &s,
+        PlanOptions::default(),
+    );
+    let s = random_sparse::<f16>(&mut rng, 7, 9, 70, 5, 32, style, false);
+    check_problem(
+        "sanitize sparse f16",
+        &mut rng,
+        &stream,
+        &s,
+        PlanOptions::default(),
+    );
+}
+
+/// Ids >= num_slots and < -1 are skipped and recorded as BadSlotId with the token and id;
+/// a bad id past a row's topk_len is neither used nor recorded.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sanitize_sparse_bad_slot_ids() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("sanitize_sparse_bad_slot_ids");
+    let style = RowStyle {
+        hole: 0.1,
+        bad: 0.0,
+    };
+    let (tokens, heads, topk) = (4, 4, 70);
+    let mut base = random_sparse::<bf16>(&mut rng, tokens, heads, topk, 8, 16, style, false);
+    let slots = base.cache.num_slots() as i32;
+    let st = base.stride;
+    // Row 3 stops at 10 entries; entry 50 of it is bad but never used.
+    base.topk_len = Some(vec![topk as i32, topk as i32, topk as i32, 10]);
+    base.indices[3 * st + 50] = slots + 5;
+
+    for (token, entry, id) in [(2usize, 5usize, slots), (1, 0, -2), (0, topk - 1, i32::MIN)] {
+        let mut s = base.clone();
+        s.indices[token * st + entry] = id;
+        let label = format!("bad id {id} at token {token} entry {entry}");
+        let kind = QKind::random(&mut rng);
+        let q = HostQuery::<bf16>::random(&mut rng, kind, tokens, heads);
+        let got = run_once(
+            &mut rng,
+            &stream,
+            &s,
+            &q,
+            Some(RowsKind::Padded),
+            PlanOptions::default(),
+        );
+        let all = all_heads(heads);
+        let want = s.reference(&q, &all);
+        assert_eq!(
+            want.faults,
+            [Fault {
+                code: fault_code::BAD_SLOT_ID,
+                row: token as u32,
+                value: id
+            }],
+            "{label}"
+        );
+        check_flag_is(&label, got.flag, fault_code::BAD_SLOT_ID, token, id);
+        check_outputs(&label, &got, &want, &all);
+    }
+
+    // Several bad ids at once: the flag holds one of them.
+    let mut s = base.clone();
+    for (t, e, id) in [
+        (0, 3, slots + 1),
+        (1, 69, i32::MAX),
+        (2, 0, -3),
+        (3, 9, -77),
+    ] {
+        s.indices[t * st + e] = id;
+    }
+    let q = HostQuery::<bf16>::random(&mut rng, QKind::SplitSeparate, tokens, heads);
+    let got = run_once(&mut rng, &stream, &s, &q, None, PlanOptions::default());
+    let all = all_heads(heads);
+    let want = s.reference(&q, &all);
+    assert_eq!(want.faults.len(), 4);
+    check_flag("four bad ids", got.flag, &want.faults);
+    check_outputs("four bad ids", &got, &want, &all);
+}
+
+/// Rows of one slot repeated, two slots alternating, a single id at either end of -1s, all
+/// -1 (out 0, lse -inf), topk_len 0 and negative (empty), topk_len > topk, holes in every
+/// other entry.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sanitize_sparse_holes_duplicates_and_empty_rows() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("sanitize_sparse_holes_duplicates_and_empty_rows");
+    for dtype in [DType::Bf16, DType::F16] {
+        with_dtype!(dtype, T => check_holes_and_duplicates::<T>(&mut rng, &stream));
+    }
+}
+
+/// One problem of [`sanitize_sparse_holes_duplicates_and_empty_rows`] in `T`.
+fn check_holes_and_duplicates<T: Half>(rng: &mut Rng, stream: &Arc<CudaStream>) {
+    let topk = 300;
+    let cache = HostCache::<T>::random(rng, 6, 32, 16);
+    let n = cache.num_slots();
+    let (a, b) = (rng.below(n) as i32, rng.below(n) as i32);
+    let random_row =
+        |rng: &mut Rng| -> Vec<i32> { (0..topk).map(|_| rng.below(n) as i32).collect() };
+    let mut rows: Vec<(Vec<i32>, i32)> = vec![
+        (vec![a; topk], topk as i32),
+        (
+            (0..topk).map(|k| if k % 2 == 0 { a } else { b }).collect(),
+            topk as i32,
+        ),
+        (
+            (0..topk)
+                .map(|k| if k == topk - 1 { b } else { -1 })
+                .collect(),
+            topk as i32,
+        ),
+        (
+            (0..topk).map(|k| if k == 0 { a } else { -1 }).collect(),
+            topk as i32,
+        ),
+        (vec![-1; topk], topk as i32),
+        (random_row(rng), 0),
+        (random_row(rng), -4),
+        (random_row(rng), topk as i32 + 77),
+        (random_row(rng), 1),
+    ];
+    let mut holes = random_row(rng);
+    holes.iter_mut().step_by(2).for_each(|x| *x = -1);
+    rows.push((holes, topk as i32));
+    rng.shuffle(&mut rows);
+    let ids: Vec<Vec<i32>> = rows.iter().map(|r| r.0.clone()).collect();
+    let stride = topk + 4;
+    let s = SparseSetup {
+        tokens: rows.len(),
+        heads: 4,
+        topk,
+        cache,
+        indices: pack_rows(rng, &ids, stride, n),
+        stride,
+        topk_len: Some(rows.iter().map(|r| r.1).collect()),
+        scale: rng.softmax_scale(),
+    };
+    let label = format!("holes/duplicates {}", T::DTYPE);
+    check_problem(&label, rng, stream, &s, PlanOptions::default());
+}

@@ -1,0 +1,567 @@
+//! The device side: one CUDA context per test, uploads of the host mirrors, poisoned
+//! outputs, one decode of a dense or sparse problem ([`Problem`], generic over f16/bf16),
+//! reading everything back; and [`with_dtype!`] to run one generic body for a dtype chosen at
+//! run time.
+
+use std::sync::Arc;
+
+use mla_decode::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use mla_decode::reference::Attention;
+use mla_decode::{
+    dense_decode, gather_slots, sparse_decode, BlockTable, DecodePlan, ErrorFlag, KvCache, Lse,
+    Output, PlanOptions, Query, SparseIndices, HEAD_DIM,
+};
+
+use super::check::{check_flag, check_outputs};
+use super::host::{
+    all_heads, random_lse_kind, short, Half, HostCache, HostQuery, Outputs, QKind, RowsKind,
+    Strided,
+};
+use super::problem::{DenseSetup, GatherSetup, SparseSetup, GATHER_POISON};
+use super::rng::Rng;
+
+/// Runs `$body` with the type alias `$t` set to `f16` or `bf16` as the [`DType`] `$dtype`
+/// says: one generic body instead of a branch per element type.
+///
+/// [`DType`]: mla_decode::DType
+macro_rules! with_dtype {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            ::mla_decode::DType::F16 => {
+                type $t = ::mla_decode::half::f16;
+                $body
+            }
+            ::mla_decode::DType::Bf16 => {
+                type $t = ::mla_decode::half::bf16;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_dtype;
+
+/// Plan options with `sm120_occupancy` set and every other field at its default.
+#[allow(clippy::needless_update)] // the struct grows fields (tuning): keep the update
+pub fn plan_options(sm120_occupancy: bool) -> PlanOptions {
+    PlanOptions {
+        sm120_occupancy,
+        ..Default::default()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The device
+
+/// A context on device 0 and a new stream on it. Panics (never passes) without a GPU.
+pub fn gpu() -> (Arc<CudaContext>, Arc<CudaStream>) {
+    let ctx = context();
+    let stream = ctx.new_stream().expect("new stream");
+    (ctx, stream)
+}
+
+/// As [`gpu`], with cudarc's event tracking disabled before anything is allocated, so that
+/// work on the stream can be captured in a CUDA graph.
+pub fn gpu_for_graphs() -> (Arc<CudaContext>, Arc<CudaStream>) {
+    let ctx = context();
+    // SAFETY: every buffer of the test lives on the one stream created below.
+    unsafe { ctx.disable_event_tracking() };
+    let stream = ctx.new_stream().expect("new stream");
+    (ctx, stream)
+}
+
+fn context() -> Arc<CudaContext> {
+    assert!(
+        mla_decode::cuda_available(),
+        "this test needs a CUDA GPU: libcuda could not be loaded (CPU runs should skip it as ignored)"
+    );
+    CudaContext::new(0).unwrap_or_else(|e| panic!("CUDA context on device 0: {e:?}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Queries, outputs
+
+/// Device side of a query.
+#[derive(Debug)]
+pub struct DevQuery<T> {
+    kind: QKind,
+    bufs: Vec<CudaSlice<T>>,
+    nope: Strided,
+    rope: Strided,
+    heads: usize,
+}
+
+impl<T: Half> HostQuery<T> {
+    /// Uploads the buffers.
+    pub fn upload(&self, stream: &Arc<CudaStream>) -> DevQuery<T> {
+        DevQuery {
+            kind: self.kind,
+            bufs: self
+                .bufs
+                .iter()
+                .map(|b| stream.clone_htod(b).expect("upload q"))
+                .collect(),
+            nope: self.nope,
+            rope: self.rope,
+            heads: self.heads,
+        }
+    }
+}
+
+impl<T: Half> DevQuery<T> {
+    /// The view the decode calls take.
+    pub fn view(&self) -> Query<'_, T> {
+        let (n, r) = (&self.nope, &self.rope);
+        match self.kind {
+            QKind::Contiguous => Query::contiguous(self.bufs[0].as_view(), self.heads),
+            QKind::Strided => Query::strided(
+                self.bufs[0].slice(n.offset..),
+                n.token_stride,
+                n.head_stride,
+            ),
+            QKind::SplitShared | QKind::SplitSeparate => {
+                let rope_buf = &self.bufs[self.bufs.len() - 1];
+                Query::split(
+                    self.bufs[0].slice(n.offset..),
+                    n.token_stride,
+                    n.head_stride,
+                    rope_buf.slice(r.offset..),
+                    r.token_stride,
+                    r.head_stride,
+                )
+            }
+        }
+    }
+
+    /// Overwrites the device buffers with `host`'s (same layout), in place.
+    pub fn rewrite(&mut self, stream: &Arc<CudaStream>, host: &HostQuery<T>) {
+        for (d, h) in self.bufs.iter_mut().zip(&host.bufs) {
+            stream.memcpy_htod(h, d).expect("rewrite q");
+        }
+    }
+}
+
+/// A poisoned device output `[tokens, heads, 512]`.
+#[derive(Debug)]
+pub struct DevOut<T> {
+    buf: CudaSlice<T>,
+    /// Its layout.
+    pub layout: Strided,
+}
+
+impl<T: Half> DevOut<T> {
+    /// Allocates and poisons a buffer for `layout`.
+    pub fn new(stream: &Arc<CudaStream>, layout: Strided) -> DevOut<T> {
+        let buf = stream
+            .clone_htod(&vec![T::poison(); layout.len])
+            .expect("alloc out");
+        DevOut { buf, layout }
+    }
+
+    /// A random layout of `[tokens, heads, 512]`.
+    pub fn random(rng: &mut Rng, stream: &Arc<CudaStream>, tokens: usize, heads: usize) -> Self {
+        let kind = Strided::random_kind(rng);
+        DevOut::new(
+            stream,
+            Strided::new(rng, kind, tokens, heads, mla_decode::LATENT_DIM, 8),
+        )
+    }
+
+    /// Poisons the whole buffer again.
+    pub fn poison(&mut self, stream: &Arc<CudaStream>) {
+        stream
+            .memcpy_htod(&vec![T::poison(); self.layout.len], &mut self.buf)
+            .expect("poison out");
+    }
+
+    /// The view the decode calls take.
+    pub fn view(&mut self) -> Output<'_, T> {
+        let l = self.layout;
+        match l.kind {
+            RowsKind::Contiguous => Output::contiguous(self.buf.as_view_mut(), l.heads),
+            _ => Output::strided(
+                self.buf.slice_mut(l.offset..),
+                l.token_stride,
+                l.head_stride,
+            ),
+        }
+    }
+
+    /// The whole buffer (synchronizes).
+    pub fn read(&self, stream: &Arc<CudaStream>) -> Vec<T> {
+        stream.clone_dtoh(&self.buf).expect("read out")
+    }
+}
+
+/// A poisoned device lse `[tokens, heads]`.
+#[derive(Debug)]
+pub struct DevLse {
+    buf: CudaSlice<f32>,
+    /// Its layout (width 1).
+    pub layout: Strided,
+}
+
+impl DevLse {
+    /// Allocates and poisons (NaN) a buffer for `layout`.
+    pub fn new(stream: &Arc<CudaStream>, layout: Strided) -> DevLse {
+        let buf = stream
+            .clone_htod(&vec![f32::NAN; layout.len])
+            .expect("alloc lse");
+        DevLse { buf, layout }
+    }
+
+    /// A random layout of `[tokens, heads]`.
+    pub fn random(rng: &mut Rng, stream: &Arc<CudaStream>, tokens: usize, heads: usize) -> Self {
+        let kind = Strided::random_kind(rng);
+        DevLse::new(stream, Strided::new(rng, kind, tokens, heads, 1, 1))
+    }
+
+    /// Poisons the whole buffer again.
+    pub fn poison(&mut self, stream: &Arc<CudaStream>) {
+        stream
+            .memcpy_htod(&vec![f32::NAN; self.layout.len], &mut self.buf)
+            .expect("poison lse");
+    }
+
+    /// The view the decode calls take.
+    pub fn view(&mut self) -> Lse<'_> {
+        let l = self.layout;
+        match l.kind {
+            RowsKind::Contiguous => Lse::contiguous(self.buf.as_view_mut(), l.heads),
+            _ => Lse::strided(
+                self.buf.slice_mut(l.offset..),
+                l.token_stride,
+                l.head_stride,
+            ),
+        }
+    }
+
+    /// The whole buffer (synchronizes).
+    pub fn read(&self, stream: &Arc<CudaStream>) -> Vec<f32> {
+        stream.clone_dtoh(&self.buf).expect("read lse")
+    }
+}
+
+impl<T: Half> Outputs<T> {
+    /// Reads back `out`, `lse` and `flag` (synchronizes).
+    pub fn read(
+        stream: &Arc<CudaStream>,
+        out: &DevOut<T>,
+        lse: Option<&DevLse>,
+        flag: &ErrorFlag,
+    ) -> Outputs<T> {
+        Outputs {
+            out: out.read(stream),
+            out_layout: out.layout,
+            lse: lse.map(|l| (l.read(stream), l.layout)),
+            flag: flag.read(stream).expect("read error flag"),
+        }
+    }
+}
+
+impl<T: Half> HostCache<T> {
+    /// Uploads the whole buffer.
+    pub fn upload(&self, stream: &Arc<CudaStream>) -> CudaSlice<T> {
+        stream.clone_htod(&self.data).expect("upload cache")
+    }
+
+    /// The device view of `dev` (an upload of this cache).
+    pub fn view<'a>(&self, dev: &'a CudaSlice<T>) -> KvCache<'a, T> {
+        if self.stride == self.block_size * HEAD_DIM {
+            // `KvCache::contiguous` derives num_blocks from the length.
+            KvCache::contiguous(dev.as_view(), self.block_size)
+        } else {
+            KvCache::strided(
+                dev.as_view(),
+                self.block_size,
+                self.num_blocks,
+                self.stride_bytes(),
+            )
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Problems on the device
+
+/// Device buffers of a dense problem.
+pub struct DenseDev<T> {
+    /// The cache.
+    pub cache: CudaSlice<T>,
+    /// The block table.
+    pub table: CudaSlice<i32>,
+    /// seq_lens.
+    pub seq_lens: CudaSlice<i32>,
+}
+
+impl<T: Half> DenseSetup<T> {
+    /// The block-table view of `dev` (an upload of `self.table`).
+    pub fn table_view<'a>(&self, dev: &'a CudaSlice<i32>) -> BlockTable<'a> {
+        if self.table_stride == self.mbps {
+            BlockTable::new(dev.as_view(), self.batch, self.mbps)
+        } else {
+            BlockTable::strided(dev.as_view(), self.batch, self.mbps, self.table_stride)
+        }
+    }
+}
+
+/// Device buffers of a sparse problem.
+pub struct SparseDev<T> {
+    /// The cache.
+    pub cache: CudaSlice<T>,
+    /// The indices.
+    pub indices: CudaSlice<i32>,
+    /// topk_len, if any.
+    pub topk_len: Option<CudaSlice<i32>>,
+}
+
+impl<T: Half> SparseSetup<T> {
+    /// The indices view of `dev` (an upload of `self.indices`).
+    pub fn indices_view<'a>(&self, dev: &'a CudaSlice<i32>) -> SparseIndices<'a> {
+        if self.stride == self.topk {
+            SparseIndices::contiguous(dev.as_view(), self.topk)
+        } else {
+            SparseIndices::strided(dev.as_view(), self.topk, self.stride)
+        }
+    }
+}
+
+/// A dense or sparse problem on the host, with what it takes to run it on the device: the
+/// tests that do the same for both ([`check_problem`], determinism) are written once over it.
+pub trait Problem {
+    /// f16 or bf16.
+    type Elem: Half;
+    /// Its device buffers.
+    type Dev;
+    /// Query rows (`[rows, heads, 576]` query, `[rows, heads, 512]` output).
+    fn rows(&self) -> usize;
+    /// Heads.
+    fn heads(&self) -> usize;
+    /// What a label says about it.
+    fn describe(&self) -> String;
+    /// Uploads the cache, tables or indices, lengths.
+    fn upload(&self, stream: &Arc<CudaStream>) -> Self::Dev;
+    /// A plan for its shape.
+    fn plan(&self, stream: &Arc<CudaStream>, options: PlanOptions) -> DecodePlan;
+    /// One decode call of `q` into `out` / `lse`.
+    #[allow(clippy::too_many_arguments)]
+    fn decode(
+        &self,
+        stream: &Arc<CudaStream>,
+        dev: &Self::Dev,
+        plan: &DecodePlan,
+        q: &DevQuery<Self::Elem>,
+        out: &mut DevOut<Self::Elem>,
+        lse: Option<&mut DevLse>,
+        flag: Option<&ErrorFlag>,
+    ) -> mla_decode::Result<()>;
+    /// The reference of heads `heads` for `q`.
+    fn reference_of(&self, q: &HostQuery<Self::Elem>, heads: &[usize]) -> Attention;
+}
+
+impl<T: Half> Problem for DenseSetup<T> {
+    type Elem = T;
+    type Dev = DenseDev<T>;
+
+    fn rows(&self) -> usize {
+        self.tokens()
+    }
+
+    fn heads(&self) -> usize {
+        self.heads
+    }
+
+    fn describe(&self) -> String {
+        format!("seq_lens {}", short(&self.seq_lens))
+    }
+
+    fn upload(&self, stream: &Arc<CudaStream>) -> DenseDev<T> {
+        DenseDev {
+            cache: self.cache.upload(stream),
+            table: stream.clone_htod(&self.table).expect("upload table"),
+            seq_lens: stream.clone_htod(&self.seq_lens).expect("upload seq_lens"),
+        }
+    }
+
+    fn plan(&self, stream: &Arc<CudaStream>, options: PlanOptions) -> DecodePlan {
+        DecodePlan::dense(stream, self.shape(), options).expect("dense plan")
+    }
+
+    fn decode(
+        &self,
+        stream: &Arc<CudaStream>,
+        dev: &DenseDev<T>,
+        plan: &DecodePlan,
+        q: &DevQuery<T>,
+        out: &mut DevOut<T>,
+        lse: Option<&mut DevLse>,
+        flag: Option<&ErrorFlag>,
+    ) -> mla_decode::Result<()> {
+        let mut lse_view = lse.map(|l| l.view());
+        dense_decode(
+            stream,
+            plan,
+            &q.view(),
+            &self.cache.view(&dev.cache),
+            &self.table_view(&dev.table),
+            &dev.seq_lens.as_view(),
+            &mut out.view(),
+            lse_view.as_mut(),
+            self.scale,
+            flag,
+        )
+    }
+
+    fn reference_of(&self, q: &HostQuery<T>, heads: &[usize]) -> Attention {
+        self.reference(q, heads)
+    }
+}
+
+impl<T: Half> Problem for SparseSetup<T> {
+    type Elem = T;
+    type Dev = SparseDev<T>;
+
+    fn rows(&self) -> usize {
+        self.tokens
+    }
+
+    fn heads(&self) -> usize {
+        self.heads
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} slots, topk_len {}",
+            self.cache.num_slots(),
+            self.topk_len.is_some()
+        )
+    }
+
+    fn upload(&self, stream: &Arc<CudaStream>) -> SparseDev<T> {
+        SparseDev {
+            cache: self.cache.upload(stream),
+            indices: stream.clone_htod(&self.indices).expect("upload indices"),
+            topk_len: self
+                .topk_len
+                .as_ref()
+                .map(|l| stream.clone_htod(l).expect("upload topk_len")),
+        }
+    }
+
+    fn plan(&self, stream: &Arc<CudaStream>, options: PlanOptions) -> DecodePlan {
+        DecodePlan::sparse(stream, self.shape(), options).expect("sparse plan")
+    }
+
+    fn decode(
+        &self,
+        stream: &Arc<CudaStream>,
+        dev: &SparseDev<T>,
+        plan: &DecodePlan,
+        q: &DevQuery<T>,
+        out: &mut DevOut<T>,
+        lse: Option<&mut DevLse>,
+        flag: Option<&ErrorFlag>,
+    ) -> mla_decode::Result<()> {
+        let mut lse_view = lse.map(|l| l.view());
+        let topk_len = dev.topk_len.as_ref().map(|l| l.as_view());
+        sparse_decode(
+            stream,
+            plan,
+            &q.view(),
+            &self.cache.view(&dev.cache),
+            &self.indices_view(&dev.indices),
+            topk_len.as_ref(),
+            &mut out.view(),
+            lse_view.as_mut(),
+            self.scale,
+            flag,
+        )
+    }
+
+    fn reference_of(&self, q: &HostQuery<T>, heads: &[usize]) -> Attention {
+        self.reference(q, heads)
+    }
+}
+
+/// Uploads `p` and `q`, plans and decodes once with a fresh flag (random out layout; lse of
+/// `lse_kind`, none when `None`), and reads everything back.
+pub fn run_once<P: Problem>(
+    rng: &mut Rng,
+    stream: &Arc<CudaStream>,
+    p: &P,
+    q: &HostQuery<P::Elem>,
+    lse_kind: Option<RowsKind>,
+    options: PlanOptions,
+) -> Outputs<P::Elem> {
+    let dev = p.upload(stream);
+    let qd = q.upload(stream);
+    let mut out = DevOut::random(rng, stream, p.rows(), p.heads());
+    let mut lse =
+        lse_kind.map(|k| DevLse::new(stream, Strided::new(rng, k, p.rows(), p.heads(), 1, 1)));
+    let flag = ErrorFlag::new(stream).expect("error flag");
+    let plan = p.plan(stream, options);
+    p.decode(
+        stream,
+        &dev,
+        &plan,
+        &qd,
+        &mut out,
+        lse.as_mut(),
+        Some(&flag),
+    )
+    .expect("decode");
+    Outputs::read(stream, &out, lse.as_ref(), &flag)
+}
+
+/// Runs `p` with a random query layout, out layout and lse layout (or none), and compares
+/// the flag and every (row, head) with the reference.
+pub fn check_problem<P: Problem>(
+    label: &str,
+    rng: &mut Rng,
+    stream: &Arc<CudaStream>,
+    p: &P,
+    options: PlanOptions,
+) {
+    let kind = QKind::random(rng);
+    let q = HostQuery::<P::Elem>::random(rng, kind, p.rows(), p.heads());
+    let lse_kind = random_lse_kind(rng);
+    let got = run_once(rng, stream, p, &q, lse_kind, options);
+    let heads = all_heads(p.heads());
+    let want = p.reference_of(&q, &heads);
+    let label = format!(
+        "{label} [{}; q {kind:?}, out {:?}, lse {lse_kind:?}, {}]",
+        <P::Elem as mla_decode::Element>::DTYPE,
+        got.out_layout.kind,
+        p.describe()
+    );
+    check_flag(&label, got.flag, &want.faults);
+    check_outputs(&label, &got, &want, &heads);
+}
+
+/// Runs the gather of `g` on the device into a poisoned `[tokens, out_stride]` buffer;
+/// returns the whole buffer and the flag.
+pub fn run_gather(stream: &Arc<CudaStream>, g: &GatherSetup) -> (Vec<i32>, [u32; 4]) {
+    let positions = stream.clone_htod(&g.positions).unwrap();
+    let req = stream.clone_htod(&g.req_id).unwrap();
+    let table = stream.clone_htod(&g.table).unwrap();
+    let lens = stream.clone_htod(&g.seq_lens).unwrap();
+    let mut out = stream
+        .clone_htod(&vec![GATHER_POISON; g.out_len()])
+        .unwrap();
+    let flag = ErrorFlag::new(stream).unwrap();
+    gather_slots(
+        stream,
+        &positions.as_view(),
+        g.pos_stride,
+        g.topk,
+        &req.as_view(),
+        &BlockTable::strided(table.as_view(), g.batch, g.mbps, g.table_stride),
+        &lens.as_view(),
+        g.num_blocks,
+        g.block_size,
+        &mut out.as_view_mut(),
+        g.out_stride,
+        Some(&flag),
+    )
+    .unwrap();
+    (stream.clone_dtoh(&out).unwrap(), flag.read(stream).unwrap())
+}

@@ -1,0 +1,113 @@
+//! The rest of the host side: config presets, fault codes and flag words, the status
+//! mapping, formats and dims.
+
+use mla_decode::{
+    status_to_result, DType, Error, ErrorFlag, FaultCode, KvFormat, MlaConfig, HEAD_DIM,
+    LATENT_DIM, ROPE_DIM,
+};
+
+use super::expect;
+
+#[test]
+fn config_presets() {
+    let glm = MlaConfig::glm5();
+    assert_eq!(
+        (
+            glm.num_heads,
+            glm.qk_nope_head_dim,
+            glm.qk_rope_head_dim,
+            glm.kv_lora_rank
+        ),
+        (64, 192, 64, 512)
+    );
+    assert_eq!(glm.softmax_scale(), 0.0625);
+    assert_eq!(glm.tensor_parallel(8).unwrap().num_heads, 8);
+    assert_eq!(glm.tensor_parallel(8).unwrap().softmax_scale(), 0.0625);
+
+    let ds = MlaConfig::deepseek_v3();
+    assert_eq!((ds.num_heads, ds.qk_nope_head_dim), (128, 128));
+    let yarn = ds.yarn.unwrap();
+    assert!((yarn.mscale() - 1.368_88).abs() < 1e-4, "{}", yarn.mscale());
+    let expected = 1.873_854 / 192f32.sqrt();
+    assert!((ds.softmax_scale() - expected).abs() < 1e-6);
+    assert_eq!(ds.heads_per_gpu(8), Ok(16));
+    assert_eq!(ds.tensor_parallel(128).unwrap().num_heads, 1);
+    expect(ds.tensor_parallel(3).map(|_| ()), "tp", "does not divide");
+    expect(ds.tensor_parallel(256).map(|_| ()), "tp", "");
+    assert_eq!(ds.with_softmax_scale(0.2).softmax_scale(), 0.2);
+
+    let bad_rank = MlaConfig {
+        kv_lora_rank: 256,
+        ..glm
+    };
+    expect(bad_rank.check(), "kv_lora_rank", "512");
+}
+
+#[test]
+fn fault_codes_and_flag_words() {
+    let codes = [
+        (1, FaultCode::BadBlockId),
+        (2, FaultCode::NegativeSeqLen),
+        (3, FaultCode::SeqLenTooLarge),
+        (4, FaultCode::BadSlotId),
+        (5, FaultCode::BadReqId),
+        (6, FaultCode::BadAppendSlot),
+        (42, FaultCode::Unknown(42)),
+    ];
+    for (n, code) in codes {
+        assert_eq!(FaultCode::from_u32(n), code);
+        assert_eq!(code.as_u32(), n);
+    }
+    assert_eq!(ErrorFlag::interpret([0, 0, 0, 0]), Ok(()));
+    let fault = ErrorFlag::interpret([1, 7, 123_456, 0]).unwrap_err();
+    assert_eq!(
+        fault,
+        Error::DeviceFault {
+            code: FaultCode::BadBlockId,
+            row: 7,
+            value: 123_456
+        }
+    );
+    assert!(fault.to_string().contains("block-table entry"));
+}
+
+#[test]
+fn status_mapping() {
+    assert_eq!(status_to_result("mla_dense_decode", 0), Ok(()));
+    assert_eq!(
+        status_to_result("mla_dense_decode", 4),
+        Err(Error::KernelsNotBuilt)
+    );
+    assert_eq!(
+        status_to_result("mla_dense_decode", 3),
+        Err(Error::NoDevice)
+    );
+    assert_eq!(
+        status_to_result("mla_dense_decode", 1000 + 700),
+        Err(Error::Cuda {
+            call: "mla_dense_decode",
+            code: 700
+        })
+    );
+    expect(
+        status_to_result("mla_sparse_decode", 1),
+        "mla_sparse_decode",
+        "C layer",
+    );
+    assert!(matches!(
+        status_to_result("mla_sparse_decode", 2),
+        Err(Error::Unsupported(_))
+    ));
+    let msg = Error::KernelsNotBuilt.to_string();
+    assert!(msg.contains("nvcc") && msg.contains("NVCC"), "{msg}");
+}
+
+#[test]
+fn formats_and_dims() {
+    assert_eq!(KvFormat::F16.row_bytes(), 1152);
+    assert_eq!(KvFormat::Bf16.row_bytes(), 1152);
+    assert_eq!(KvFormat::Fp8DsMla.row_bytes(), 656);
+    assert_eq!(KvFormat::Fp8DsMla.name(), "fp8_ds_mla");
+    assert_eq!(HEAD_DIM, LATENT_DIM + ROPE_DIM);
+    assert_eq!(DType::F16.kv_format(), KvFormat::F16);
+}
