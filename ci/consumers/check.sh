@@ -24,8 +24,8 @@
 #                  looked up next to $NVCC and through the C++ compiler, and the check is
 #                  skipped, saying so, when either is missing).
 #   defaults       mla-decode alone: built and run. cudarc then loads libcuda at run time;
-#                  `cuda_available()` must answer without panicking, and answer false where
-#                  there is no libcuda.so.1.
+#                  `cuda_available()` must answer without panicking: false without libcuda,
+#                  false with a (fake) driver that has no device, true with one that has.
 #
 # All with MLA_NO_KERNELS=1 (the stub build: no nvcc run, seconds not minutes); what is
 # checked is the Rust side's feature interplay with cudarc, not the kernels.
@@ -84,9 +84,29 @@ else
     echo "consumers: pinned, static-linking SKIPPED: no libcudart_static.a next to nvcc (${nvcc:-none}) or no libstdc++.a (${stdcxx:-none})"
 fi
 
-expect=()
-if ! { command -v ldconfig >/dev/null && ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; }; then
-    expect=(--expect-no-gpu)
+# defaults: cudarc loads libcuda at run time; cuda_available() is asked three times, and
+# LD_LIBRARY_PATH (searched before the system's) decides which libcuda.so.1 it finds:
+#   none           (skipped where the system has one)                       -> false
+#   a fake driver  whose cuInit says CUDA_ERROR_NO_DEVICE (what a machine
+#                  with the driver but no GPU, or a toolkit stub, answers)   -> false
+#   a fake driver  whose cuInit succeeds and that counts one device         -> true
+# (The fakes define only those two functions; cudarc looks symbols up when first called.)
+echo "consumers: defaults (cargo build, then run)"
+cargo build --manifest-path "$here/defaults/Cargo.toml"
+bin=$target_dir/debug/consumer-defaults
+fake=$target_dir/fake-libcuda
+mkdir -p "$fake/no-device" "$fake/one-device"
+printf 'int cuInit(unsigned f) { (void)f; return 100; }\nint cuDeviceGetCount(int *n) { *n = 0; return 0; }\n' |
+    ${CC:-cc} -shared -fPIC -x c -o "$fake/no-device/libcuda.so.1" -
+printf 'int cuInit(unsigned f) { (void)f; return 0; }\nint cuDeviceGetCount(int *n) { *n = 1; return 0; }\n' |
+    ${CC:-cc} -shared -fPIC -x c -o "$fake/one-device/libcuda.so.1" -
+if { command -v ldconfig >/dev/null && ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; }; then
+    echo "consumers: defaults, no libcuda: skipped (this machine has one)"
+else
+    echo "consumers: defaults, no libcuda"
+    "$bin" --expect=false
 fi
-echo "consumers: defaults (cargo run${expect:+, expecting no GPU})"
-cargo run --manifest-path "$here/defaults/Cargo.toml" -- "${expect[@]}"
+echo "consumers: defaults, a libcuda without a device"
+LD_LIBRARY_PATH=$fake/no-device${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$bin" --expect=false
+echo "consumers: defaults, a libcuda with one device"
+LD_LIBRARY_PATH=$fake/one-device${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$bin" --expect=true
