@@ -151,6 +151,8 @@ if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
     set -euo pipefail
     mla_cuda_env "${1:-}"
     printf 'export NVCC=%q\n' "$NVCC"
+    # nvcc on PATH too: cudarc's cuda-version-from-build-system asks the nvcc on PATH
+    printf 'export PATH=%q:"$PATH"\n' "$(dirname "$NVCC")"
     [[ -n $MLA_CUOBJDUMP ]] && printf 'export MLA_CUOBJDUMP=%q\n' "$MLA_CUOBJDUMP"
     printf '# nvcc release %s\n' "$(mla_nvcc_release "$NVCC")"
 elif [[ ${1:-} != --lib ]]; then

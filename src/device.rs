@@ -9,14 +9,57 @@ use crate::error::{Error, Result};
 use crate::tensor::buf_of;
 use crate::validate::Buf;
 
-/// Whether the CUDA driver library (libcuda) can be loaded.
+/// Whether CUDA is usable here: the driver library (libcuda) loads, initializes (`cuInit`)
+/// and reports at least one device. Computed once.
 ///
-/// cudarc panics when it is asked to create a context without libcuda: check this first.
-/// `true` does not promise a usable GPU (creating a context may still fail).
+/// Check this before creating a cudarc context: where cudarc loads libcuda at run time (its
+/// `dynamic-loading`, the default), it panics instead of returning an error when there is
+/// none. The answer does not depend on how the application's cudarc reaches the driver
+/// (loaded at run time, or linked dynamically or statically: then the program does not
+/// start without libcuda). `true` does not promise a context: creating one may still fail
+/// (a device in exclusive mode, out of memory).
 pub fn cuda_available() -> bool {
-    static PRESENT: OnceLock<bool> = OnceLock::new();
-    // SAFETY: only tries to dlopen the driver library.
-    *PRESENT.get_or_init(|| unsafe { cudarc::driver::sys::is_culib_present() })
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        // The library first: cudarc's first call would panic without it. A stub libcuda (the
+        // toolkit's lib/stubs) loads but fails cuInit.
+        driver_library_loads()
+            && result::init().is_ok()
+            && result::device::get_count().is_ok_and(|n| n > 0)
+    })
+}
+
+/// Whether the driver library loads under a name cudarc's run-time loading also tries (so
+/// that cudarc then finds it too). Not cudarc's `is_culib_present`: that exists only when
+/// cudarc loads the driver at run time, and the application may link it instead. The library
+/// stays loaded (cudarc loads it next; where the program links it, this finds that copy).
+fn driver_library_loads() -> bool {
+    #[cfg(unix)]
+    {
+        use std::ffi::{c_char, c_int, c_void};
+        extern "C" {
+            fn dlopen(filename: *const c_char, flags: c_int) -> *mut c_void;
+        }
+        const RTLD_LAZY: c_int = 1;
+        [c"libcuda.so.1", c"libcuda.so"]
+            .iter()
+            // SAFETY: dlopen with a NUL-terminated name.
+            .any(|name| !unsafe { dlopen(name.as_ptr(), RTLD_LAZY) }.is_null())
+    }
+    #[cfg(windows)]
+    {
+        use std::ffi::{c_char, c_void};
+        #[link(name = "kernel32")]
+        extern "system" {
+            fn LoadLibraryA(name: *const c_char) -> *mut c_void;
+        }
+        // SAFETY: LoadLibraryA with a NUL-terminated name.
+        !unsafe { LoadLibraryA(c"nvcuda.dll".as_ptr()) }.is_null()
+    }
+    #[cfg(not(any(unix, windows)))]
+    {
+        false
+    }
 }
 
 /// The properties of a GPU that the schedule and the benches care about.
