@@ -22,7 +22,6 @@ use common::gpu::{FlushMode, ROTATE_L2_FACTOR, ROTATE_MAX_BYTES};
 use common::report::{self, row_name, Row, Table};
 use common::spec::{self, CaseSpec};
 use common::{flag_value, parse_count, Gpu, MeasureOpts, Res, BENCH_SEED};
-use mla_decode::PlanOptions;
 
 const USAGE: &str = "\
 usage: cargo bench --bench decode -- [OPTIONS]
@@ -252,7 +251,7 @@ fn run_case(
 ) -> Res<()> {
     let mut w = common::build(&gpu.stream, &p.spec, BENCH_SEED)?;
     for &sm120_occupancy in &p.modes {
-        w.set_options(&gpu.stream, PlanOptions { sm120_occupancy })?;
+        w.set_options(&gpu.stream, common::gpu::plan_options(sm120_occupancy)?)?;
         let timing = common::measure(gpu, w.as_mut(), opts)?;
         let accuracy = if check {
             Some(w.check(&gpu.stream)?)

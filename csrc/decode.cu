@@ -1,7 +1,5 @@
 // C entry points of dense and sparse decode: check arguments, fill DecodeArgs, launch
 // decode_kernel then combine_kernel on the caller's stream.
-#include <stdlib.h>
-
 #include "decode.cuh"
 
 using namespace mla;
@@ -24,7 +22,7 @@ cudaError_t launch_pdl(void (*kernel)(DecodeArgs), dim3 grid, int threads, int s
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = (pdl & 1) ? 1 : 0;
+    cfg.numAttrs = (pdl & MLA_PDL_ATTRIBUTE) ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kernel, a);
 }
 
@@ -56,14 +54,15 @@ auto with_config(int warps, int block_m, F&& f) {
 template <typename T, bool kSparse>
 mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& a, cudaStream_t st) {
     const dim3 grid(s->num_m_tiles, s->num_parts);
-    const int z = s->combine_slices;
+    const int z = s->internal.combine_slices;
     const dim3 cgrid(max_splits(s->batch, s->num_parts), (a.m_rows + a.combine_rows - 1) / a.combine_rows, z);
     auto* combine = z == 4 ? combine_kernel<T, kSparse, 1> : combine_kernel<T, kSparse, 4>;
-    MLA_CUDA_TRY(with_config(s->warps, s->block_m, [&](auto c) {
+    const mla_schedule_internal_t& in = s->internal;
+    MLA_CUDA_TRY(with_config(in.warps, in.block_m, [&](auto c) {
         using C = decltype(c);
-        return launch_pdl(decode_kernel<T, kSparse, C>, grid, C::kThreads, s->smem_bytes, st, s->pdl, a);
+        return launch_pdl(decode_kernel<T, kSparse, C>, grid, C::kThreads, s->smem_bytes, st, in.pdl, a);
     }));
-    MLA_CUDA_TRY((launch_pdl(combine, cgrid, kCombineWarps * 32, 0, st, s->pdl, a)));
+    MLA_CUDA_TRY((launch_pdl(combine, cgrid, kCombineWarps * 32, 0, st, in.pdl, a)));
     return MLA_STATUS_OK;
 }
 
@@ -82,12 +81,14 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
     int dev = -1;
     MLA_CUDA_TRY(cudaGetDevice(&dev));
     if (dev != s->device) return MLA_STATUS_INVALID_ARGUMENT;
-    if (s->combine_slices != 1 && s->combine_slices != 4) return MLA_STATUS_INVALID_ARGUMENT;
-    if ((s->warps != 4 && s->warps != 8) || (s->block_m != 16 && !(s->block_m == 32 && s->warps == 8)))
+    const mla_schedule_internal_t& in = s->internal;
+    if (in.combine_slices != 1 && in.combine_slices != 4) return MLA_STATUS_INVALID_ARGUMENT;
+    if ((in.warps != 4 && in.warps != 8) || (in.block_m != 16 && !(in.block_m == 32 && in.warps == 8)))
         return MLA_STATUS_INVALID_ARGUMENT;
+    if ((in.pdl & ~MLA_PDL_ALL) != 0) return MLA_STATUS_INVALID_ARGUMENT;
     // A schedule edited by hand must still match the configuration it launches.
-    const int need_smem = with_config(s->warps, s->block_m, [](auto c) { return decltype(c)::kSmemBytes; });
-    if (s->smem_bytes < need_smem || s->num_m_tiles != (a.m_rows + s->block_m - 1) / s->block_m || s->num_parts < 1)
+    const int need_smem = with_config(in.warps, in.block_m, [](auto c) { return decltype(c)::kSmemBytes; });
+    if (s->smem_bytes < need_smem || s->num_m_tiles != (a.m_rows + in.block_m - 1) / in.block_m || s->num_parts < 1)
         return MLA_STATUS_INVALID_ARGUMENT;
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     if (dtype == MLA_DTYPE_BF16) return launch_typed<__nv_bfloat16, kSparse>(s, a, st);
@@ -132,7 +133,8 @@ bool common_args(const mla_schedule_t* s, const P* p, DecodeArgs& a) {
     a.block_shift = __builtin_ctz(static_cast<unsigned>(bs));
     a.batch = s->batch;
     a.num_parts = s->num_parts;
-    a.min_chunk = s->min_chunk < 1 ? 1 : (s->min_chunk > (1 << 20) ? (1 << 20) : s->min_chunk);
+    const int32_t mc = s->internal.min_chunk;
+    a.min_chunk = mc < 1 ? 1 : (mc > (1 << 20) ? (1 << 20) : mc);
     a.q_len = s->q_len;
     a.num_heads = s->num_heads;
     a.m_rows = s->q_len * s->num_heads;
@@ -147,7 +149,7 @@ bool common_args(const mla_schedule_t* s, const P* p, DecodeArgs& a) {
     a.ws_o = p->workspace;
     a.ws_lse = p->workspace + 2 * static_cast<size_t>(s->num_parts) * a.m_rows * kLatentDim;
     a.flag = p->error_flag;
-    a.pdl = s->pdl >> 1;
+    a.pdl = s->internal.pdl;
     return true;
 }
 
@@ -188,10 +190,17 @@ static mla_status_t config_fit(bool sm120_occupancy, int smem_per_sm, int optin,
 // The schedule lives in this translation unit because kernel attributes belong to the
 // instantiation that is launched here.
 extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int32_t q_len, int32_t num_heads,
-                                          int32_t max_len, int32_t sm120_occupancy) {
+                                          int32_t max_len, const mla_tuning_t* tuning) {
     MLA_REQUIRE(s != nullptr);
     MLA_REQUIRE(batch >= 1 && q_len >= 1 && q_len <= MLA_MAX_Q_LEN && num_heads >= 1 && num_heads <= MLA_MAX_HEADS);
     MLA_REQUIRE(max_len >= 1 && max_len <= 0x7fffffff - 31);
+    const mla_tuning_t tune = tuning != nullptr ? *tuning : mla_tuning_t{};
+    MLA_REQUIRE(tune.warps == 0 || tune.warps == 4 || tune.warps == 8);
+    MLA_REQUIRE(tune.block_m == 0 || tune.block_m == 16 || (tune.block_m == 32 && tune.warps != 4));
+    MLA_REQUIRE(tune.pdl == MLA_PDL_OFF || (tune.pdl >= 0 && (tune.pdl & ~MLA_PDL_ALL) == 0));
+    MLA_REQUIRE(tune.combine_slices == 0 || tune.combine_slices == 1 || tune.combine_slices == 4);
+    MLA_REQUIRE(tune.min_chunk >= 0);
+    const bool sm120_occupancy = tune.sm120_occupancy != 0;
     // the split counts 32-row tiles of all requests (at max_len) in int32
     const int64_t all_tiles = static_cast<int64_t>(batch) * ((static_cast<int64_t>(max_len) + Cfg::kBlockN - 1) / Cfg::kBlockN);
     MLA_REQUIRE(all_tiles <= 0x7fffffffLL);
@@ -215,15 +224,14 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int3
     // finish its tiles sooner); else 4 warps, two CTAs per H200 SM.
     const int64_t max_tiles = all_tiles * ((static_cast<int64_t>(q_len) * num_heads + Cfg::kBlockM - 1) / Cfg::kBlockM);
     int smem = 0, ctas = 0;
-    mla_status_t fit = config_fit<Cfg>(sm120_occupancy != 0, smem_per_sm, optin, &smem, &ctas);
+    mla_status_t fit = config_fit<Cfg>(sm120_occupancy, smem_per_sm, optin, &smem, &ctas);
     if (fit != MLA_STATUS_OK) return fit;
-    int block_m = q_len * num_heads >= 32 && ctas == 1 ? 32 : 16;
+    int block_m = q_len * num_heads >= 32 && ctas == 1 && tune.warps != 4 ? 32 : 16;
+    if (tune.block_m != 0) block_m = tune.block_m;
     int warps = block_m == 32 || max_tiles <= 2LL * sm_count ? 8 : 4;
-    if (const char* e = getenv("MLA_WARPS")) warps = atoi(e) == 8 ? 8 : 4;        // experiments
-    if (const char* e = getenv("MLA_BLOCK_M")) block_m = atoi(e) == 32 ? 32 : 16;  // experiments
-    if (block_m == 32) warps = 8;
+    if (tune.warps != 0) warps = tune.warps;
     fit = with_config(warps, block_m, [&](auto c) {
-        return config_fit<decltype(c)>(sm120_occupancy != 0, smem_per_sm, optin, &smem, &ctas);
+        return config_fit<decltype(c)>(sm120_occupancy, smem_per_sm, optin, &smem, &ctas);
     });
     if (fit != MLA_STATUS_OK) return fit;
     const int m_rows = q_len * num_heads;
@@ -239,30 +247,24 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int3
     s->num_m_tiles = m_tiles;
     s->num_parts = parts;
     s->smem_bytes = smem;
-    s->warps = warps;
-    s->block_m = block_m;
     s->ctas_per_sm = ctas;
     s->sm_count = sm_count;
     s->sm120_occupancy = sm120_occupancy ? 1 : 0;
     s->device = dev;
-    // Programmatic dependent launch (sm_90+): bit 0 = launch attribute on (the combine's
-    // launch overlaps decode), bit 2 = decode lets the combine be scheduled early, bit 3 =
-    // each decode CTA lets it be scheduled when it starts its last tile. Default 9 = 1 + 8
-    // (docs/PERFORMANCE.md log #20: the last-tile trigger hides part of the combine's launch;
-    // the early trigger of bit 2 lets combine CTAs sit resident and slows long single
-    // sequences, logs #9, #16). MLA_PDL overrides it (0 = off).
-    int pdl = 9;
-    if (const char* e = getenv("MLA_PDL")) pdl = atoi(e);
-    s->pdl = major >= 9 && pdl > 0 ? pdl : 0;
+    mla_schedule_internal_t& in = s->internal;
+    in.warps = warps;
+    in.block_m = block_m;
+    // Programmatic dependent launch (sm_90+), MLA_PDL_DEFAULT = the launch attribute (the
+    // combine's launch overlaps decode) + each decode CTA lets the combine be scheduled when
+    // it starts its last tile (docs/PERFORMANCE.md log #20: that hides part of the combine's
+    // launch; the trigger at the start lets combine CTAs sit resident and slows long single
+    // sequences, logs #9, #16).
+    const int pdl = tune.pdl == 0 ? MLA_PDL_DEFAULT : (tune.pdl == MLA_PDL_OFF ? 0 : tune.pdl);
+    in.pdl = major >= 9 ? pdl : 0;
     // Parts of one tile when every tile can have a CTA of its own (t=1, b=1: the second
     // tile's compute leaves the critical path; log #27), else at least kMinChunkTiles.
-    s->min_chunk = max_tiles <= sm_count ? 1 : kMinChunkTiles;
-    s->combine_slices = combine_slices(s);
-    if (const char* e = getenv("MLA_COMBINE_SLICES")) {  // experiments: 1 or 4
-        const int z = atoi(e);
-        if (z == 1 || z == 4) s->combine_slices = z;
-    }
-    if (const char* e = getenv("MLA_MIN_CHUNK")) s->min_chunk = atoi(e) >= 1 ? atoi(e) : 1;  // experiments
+    in.min_chunk = tune.min_chunk != 0 ? tune.min_chunk : (max_tiles <= sm_count ? 1 : kMinChunkTiles);
+    in.combine_slices = tune.combine_slices != 0 ? tune.combine_slices : combine_slices(s);
     return MLA_STATUS_OK;
 }
 
@@ -302,16 +304,6 @@ extern "C" size_t mla_workspace_bytes(const mla_schedule_t* s) {
     if (s == nullptr) return 0;
     const size_t rows = 2 * static_cast<size_t>(s->num_parts) * s->q_len * s->num_heads;
     return rows * (kLatentDim + 1) * sizeof(float);
-}
-
-extern "C" mla_tile_info_t mla_tile_info(void) {
-    mla_tile_info_t t;
-    t.block_m = Cfg::kBlockM;
-    t.block_n = Cfg::kBlockN;
-    t.stages = Cfg::kStages;
-    t.threads = Cfg::kThreads;
-    t.smem_bytes = Cfg::kSmemBytes;
-    return t;
 }
 
 #ifdef MLA_TRACE

@@ -153,7 +153,7 @@ struct DecodeArgs {
     int32_t table_cols;    // dense: max_blocks_per_seq; sparse: topk
     int32_t batch;
     int32_t num_parts;
-    int32_t min_chunk;     // fewest tiles per part (mla_schedule_t::min_chunk)
+    int32_t min_chunk;     // fewest tiles per part (mla_schedule_internal_t::min_chunk)
     int32_t q_len;         // dense q_len; sparse 1
     int32_t num_heads;
     int32_t m_rows;        // q_len * num_heads
@@ -168,7 +168,7 @@ struct DecodeArgs {
     float* ws_o;           // [2*parts, m_rows, 512]
     float* ws_lse;         // [2*parts, m_rows], log2 domain
     uint32_t* flag;
-    int32_t pdl;           // mla_schedule_t::pdl >> 1: bit 1 = trigger the combine launch early, bit 2 = at the last tile
+    int32_t pdl;           // MLA_PDL_* bits (mla_schedule_internal_t::pdl)
     int32_t combine_rows;  // query rows per combine CTA: 1 (8 warps per row) or 8 (a warp per row)
     // Divisions prepared on the host: by num_parts and num_heads; and without lengths (every
     // request has max_len rows: the closed form) the tiles per request, the total and the chunk.
@@ -531,7 +531,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
     MLA_TRACE_AT(0, 2);
     if (pp.lo >= pp.total) return;
     const int lo = pp.lo, hi = pp.hi, first_req = pp.first_req, first_j = pp.first_j;
-    if (a.pdl & 2) grid_dependents_launch();
+    if (a.pdl & MLA_PDL_TRIGGER_AT_START) grid_dependents_launch();
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, tq = lane & 3;
@@ -579,9 +579,9 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
         __syncthreads();
         if (x == lo) MLA_TRACE_AT(0, 3);
         if (x + 1 == hi) MLA_TRACE_AT(0, 4);
-        // MLA_PDL bit 3. Every trigger must come after this CTA's grid_dependency_wait():
-        // combine_kernel reads the lengths before its own wait, relying on that.
-        if ((a.pdl & 4) && x + 1 == hi) grid_dependents_launch();
+        // Every trigger must come after this CTA's grid_dependency_wait(): combine_kernel
+        // reads the lengths before its own wait, relying on that.
+        if ((a.pdl & MLA_PDL_TRIGGER_AT_LAST_TILE) && x + 1 == hi) grid_dependents_launch();
 
         if (seg_start) {
             if constexpr (C::kQInSmem) {

@@ -34,6 +34,25 @@
     } while (0)
 
 static std::mt19937_64 rng(1234);
+
+// The schedule's tuning: sm120_occupancy, and the bench's experiment overrides from the
+// environment (MLA_WARPS, MLA_BLOCK_M, MLA_PDL with 0 = off, MLA_COMBINE_SLICES,
+// MLA_MIN_CHUNK; the library reads no environment variable).
+static mla_tuning_t tuning(int occ) {
+    auto var = [](const char* name) {
+        const char* v = getenv(name);
+        return v && *v ? atoi(v) : 0;
+    };
+    mla_tuning_t t{};
+    t.sm120_occupancy = occ;
+    t.warps = var("MLA_WARPS");
+    t.block_m = var("MLA_BLOCK_M");
+    const char* pdl = getenv("MLA_PDL");
+    t.pdl = pdl && *pdl ? (atoi(pdl) == 0 ? MLA_PDL_OFF : atoi(pdl)) : 0;
+    t.combine_slices = var("MLA_COMBINE_SLICES");
+    t.min_chunk = var("MLA_MIN_CHUNK");
+    return t;
+}
 static float frand() { return std::uniform_real_distribution<float>(-1.f, 1.f)(rng); }
 
 struct Dense {
@@ -203,7 +222,8 @@ static double run_dense(int batch, int q_len, int heads, int bs, int L, bool var
     const float scale = 1.f / 16.f;
 
     mla_schedule_t s;
-    MK(mla_schedule_init(&s, batch, q_len, heads, max_blocks * bs, occ));
+    const mla_tuning_t tune = tuning(occ);
+    MK(mla_schedule_init(&s, batch, q_len, heads, max_blocks * bs, &tune));
     void *d_cache, *d_q, *d_out, *d_ws;
     int *d_table, *d_seq;
     float* d_lse;
@@ -337,7 +357,8 @@ static double run_sparse(int T, int heads, int topk, int pool, bool holes, int o
     }
     const float scale = 1.f / 16.f;
     mla_schedule_t s;
-    MK(mla_schedule_init(&s, T, 1, heads, topk, occ));
+    const mla_tuning_t tune = tuning(occ);
+    MK(mla_schedule_init(&s, T, 1, heads, topk, &tune));
     void *d_cache, *d_q, *d_out, *d_ws;
     int* d_idx;
     float* d_lse;

@@ -167,6 +167,7 @@ fn dense_random_shapes() {
         let spec = dense_case_spec(c, &mut rng);
         let options = PlanOptions {
             sm120_occupancy: c.sm120_occupancy,
+            ..PlanOptions::default()
         };
         let label = format!("dense_random_shapes {c:?}");
         if c.bf16 {

@@ -251,6 +251,7 @@ fn sparse_random_shapes() {
         let bs = c.block_size;
         let options = PlanOptions {
             sm120_occupancy: c.sm120_occupancy,
+            ..PlanOptions::default()
         };
         let label = format!("sparse_random_shapes {c:?} (tokens used {tokens})");
         if c.bf16 {

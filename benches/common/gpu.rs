@@ -19,7 +19,7 @@ use mla_decode::cudarc::driver::sys::{
     CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode,
 };
 use mla_decode::cudarc::driver::{CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream};
-use mla_decode::{cuda_available, DeviceInfo};
+use mla_decode::{cuda_available, DeviceInfo, PlanOptions, Tuning};
 
 use super::cases::{CacheBytes, Workload};
 use super::Res;
@@ -76,6 +76,41 @@ pub struct Gpu {
     /// How [`measure`] keeps the inputs out of L2 ([`FlushMode::Rotate`] unless set).
     pub flush_mode: FlushMode,
     flush: CudaSlice<u8>,
+}
+
+/// The schedule overrides of an experiment, from the environment (the library reads none;
+/// `scripts/gpu-ab.sh` sets these per setting): `MLA_WARPS` (4 or 8), `MLA_BLOCK_M` (16 or
+/// 32), `MLA_PDL` (0 off, else an OR of 1 = launch attribute, 2 = trigger at the decode
+/// CTA's start, 4 = at its last tile; default 5), `MLA_COMBINE_SLICES` (1 or 4),
+/// `MLA_MIN_CHUNK` (>= 1). Unset or empty: the schedule's choice. A value that is not a
+/// number is an error here; one the schedule does not take fails the plan.
+pub fn tuning_from_env() -> Result<Tuning, String> {
+    let var = |name: &str| -> Result<Option<u32>, String> {
+        match std::env::var(name) {
+            Ok(v) if !v.trim().is_empty() => v
+                .trim()
+                .parse::<u32>()
+                .map(Some)
+                .map_err(|_| format!("{name}: expected a non-negative integer, got `{v}`")),
+            _ => Ok(None),
+        }
+    };
+    Ok(Tuning {
+        warps: var("MLA_WARPS")?,
+        block_m: var("MLA_BLOCK_M")?,
+        pdl: var("MLA_PDL")?,
+        combine_slices: var("MLA_COMBINE_SLICES")?,
+        min_chunk: var("MLA_MIN_CHUNK")?,
+    })
+}
+
+/// Plan options of a bench or profile run: `sm120_occupancy` and the environment's
+/// overrides ([`tuning_from_env`]).
+pub fn plan_options(sm120_occupancy: bool) -> Result<PlanOptions, String> {
+    Ok(PlanOptions {
+        sm120_occupancy,
+        tuning: tuning_from_env()?,
+    })
 }
 
 /// How [`Gpu::time`] runs.
