@@ -35,7 +35,7 @@ struct DecodeArgs {
     const int32_t* lens;   // dense: seq_lens; sparse: topk_len (may be NULL)
     int32_t max_len;       // dense: max_blocks_per_seq * block_size; sparse: topk
     int32_t check_lens;    // record negative / too-large lengths (dense)
-    float* ws_o;           // [2*parts, m_rows, 512]
+    float* ws_o;           // [2*parts, m_rows, 512] (decode/split.cuh, "the workspace")
     float* ws_lse;         // [2*parts, m_rows], log2 domain
     uint32_t* flag;
     int32_t pdl;           // MLA_PDL_* bits (mla_schedule_internal_t::pdl)

@@ -58,13 +58,14 @@ __device__ __forceinline__ void fold_pieces(const DecodeArgs& a, int req_first, 
                                             int step, int m, int dim0, RowFold<kF4>& f) {
     constexpr int kBatch = RowFold<kF4>::kBatch;
     const int lane = threadIdx.x & 31;
-    // Piece q's row is slot 2q (2q + 1 for the request's first piece when first_tail):
-    // consecutive pieces of this warp are 2 * step * m_rows rows apart, so a batch's loads
-    // are one base address plus constant multiples of that stride.
-    const int64_t stride = static_cast<int64_t>(2 * step) * a.m_rows;
+    // Piece q's row is in slot ws_slot(q, 0) = 2q (2q + 1 for the request's first piece when
+    // first_tail; decode/split.cuh): consecutive pieces of this warp are 2 * step * m_rows
+    // rows apart, so a batch's loads are one base address plus constant multiples of that
+    // stride.
+    const int64_t stride = static_cast<int64_t>(ws_slot(step, 0)) * a.m_rows;
 #pragma unroll 1
     for (int q0 = first; q0 <= last; q0 += kBatch * step) {
-        const int64_t row0 = static_cast<int64_t>(2 * q0 + (q0 == req_first ? first_tail : 0)) * a.m_rows + m;
+        const int64_t row0 = static_cast<int64_t>(ws_slot(q0, q0 == req_first ? first_tail : 0)) * a.m_rows + m;
         const int64_t fix = q0 == req_first ? -static_cast<int64_t>(first_tail) * a.m_rows : 0;  // pieces after the first
         const float* lse0 = a.ws_lse + row0;
         const float4* o0 = reinterpret_cast<const float4*>(a.ws_o + row0 * kLatentDim + dim0 + lane * 4 * kF4);

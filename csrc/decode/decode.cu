@@ -119,7 +119,7 @@ bool common_args(const mla_schedule_t* s, const P* p, DecodeArgs& a) {
     a.scale_log2 = p->softmax_scale * kLog2e;
     a.max_len = s->max_len;
     a.ws_o = p->workspace;
-    a.ws_lse = p->workspace + 2 * static_cast<size_t>(s->num_parts) * a.m_rows * kLatentDim;
+    a.ws_lse = p->workspace + ws_rows(s->num_parts, a.m_rows) * kLatentDim;
     a.flag = p->error_flag;
     a.pdl = s->internal.pdl;
     return true;

@@ -438,7 +438,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
         const bool seg_end = (x + 1 == hi) || (cc.j + 1 == cc.ntiles());
         if (seg_end) {
             const bool whole = (seg_j0 == 0) && (cc.j + 1 == cc.ntiles());
-            const int slot = 2 * part + (cc.b == first_req ? 0 : 1);
+            const int slot = ws_slot(part, cc.b == first_req ? 0 : 1);
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll

@@ -114,6 +114,5 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int3
 
 extern "C" size_t mla_workspace_bytes(const mla_schedule_t* s) {
     if (s == nullptr) return 0;
-    const size_t rows = 2 * static_cast<size_t>(s->num_parts) * s->q_len * s->num_heads;
-    return rows * (kLatentDim + 1) * sizeof(float);
+    return ws_bytes(s->num_parts, s->q_len * s->num_heads);
 }

@@ -20,6 +20,9 @@
 //     an SM, i.e. sm_120).
 #pragma once
 
+#include <stddef.h>
+
+#include "common/constants.cuh"
 #include "common/fastdiv.cuh"
 #include "common/fault.cuh"
 #include "decode/args.cuh"
@@ -228,6 +231,25 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
         return check(valid, b, start, t, chunk, count);
     });
 }
+
+// ---- the workspace: where the pieces of split requests go -------------------------------
+// Part p writes its piece of the first request it touches to slot 2p and its piece of the
+// last one to slot 2p + 1 (only pieces of split requests; a request that lies wholly inside
+// one part is written straight to `out`). A slot has a row per query row m:
+//   ws_o   [2 * parts][m_rows][512] fp32: the piece's output, normalized by its own sum;
+//   ws_lse [2 * parts][m_rows]      fp32: the piece's lse, log2 domain (-inf: no rows);
+// ws_lse follows ws_o in the one workspace buffer. combine_kernel reads piece q of a request
+// from slot 2q, or 2q + 1 when q is the request's first part and that part began with another
+// request (find_split's found[3], `first_tail`).
+constexpr int kSlotsPerPart = 2;
+// Slot of part `part`'s piece: tail 0 for the part's first request, 1 for its last.
+__host__ __device__ __forceinline__ int ws_slot(int part, int tail) { return kSlotsPerPart * part + tail; }
+// Rows of ws_o (and entries of ws_lse).
+__host__ __device__ __forceinline__ size_t ws_rows(int parts, int m_rows) {
+    return kSlotsPerPart * static_cast<size_t>(parts) * m_rows;
+}
+// Bytes of the whole workspace (mla_workspace_bytes).
+inline size_t ws_bytes(int parts, int m_rows) { return ws_rows(parts, m_rows) * (kLatentDim + 1) * sizeof(float); }
 
 // Position of a tile in the flattened schedule.
 struct Cursor {
