@@ -120,8 +120,9 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Decod
     __shared__ float red_max[kCombineWarps];
     __shared__ float red_w[kCombineWarps];
     __shared__ float4 red_o[kCombineWarps][32 * kF4];
-    __shared__ int scratch[2 * kCombineWarps + 4];  // two scans' warp sums, then the result
-    int* found_s = scratch + 2 * kCombineWarps;
+    constexpr int kScratch = split_scratch_ints<kCombineWarps * 32>();
+    __shared__ int scratch[kScratch + kFoundInts];  // find_split's scratch, then its result
+    int* found_s = scratch + kScratch;
     const Lens lens{a.lens, a.max_len};
     const int k = blockIdx.x;
     const int m = blockIdx.y;  // row (combine_rows == 1) or group of combine_rows rows
@@ -135,7 +136,8 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Decod
     MLA_TRACE_AT(kTraceCombine, kTraceSplitFound);
     grid_dependency_wait();
     MLA_TRACE_AT(kTraceCombine, kTraceCombineWaitDone);
-    const int r = found_s[0], first = found_s[1], last = found_s[2], first_tail = found_s[3];
+    const int r = found_s[kFoundReq], first = found_s[kFoundFirst], last = found_s[kFoundLast];
+    const int first_tail = found_s[kFoundTail];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (a.combine_rows > 1) {  // few pieces per request: warp w merges row m + w alone
         const int mw = m * a.combine_rows + warp;

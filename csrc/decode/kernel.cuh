@@ -10,6 +10,7 @@
 #include "common/trace.cuh"
 #include "decode/args.cuh"
 #include "decode/config.cuh"
+#include "decode/smem.cuh"
 #include "decode/split.cuh"
 
 namespace mla {
@@ -169,18 +170,15 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
     grid_dependency_wait();
     MLA_TRACE_AT(kTraceDecode, kTraceDecodeWaitDone);
     extern __shared__ __align__(128) uint8_t smem[];
-    uint8_t* kv_s = smem;
-    uint8_t* q_s = smem + C::kStages * C::kKvStageBytes;
-    float4* part_s = reinterpret_cast<float4*>(q_s + C::kQBytes);
-    int32_t* valid_s = reinterpret_cast<int32_t*>(reinterpret_cast<uint8_t*>(part_s) + C::kPartialBytes);
+    const SmemPlan<C> sm(smem);
+    float4* part_s = sm.partials();
 
     const Lens lens{a.lens, a.max_len};
     const int m_tile = blockIdx.x;
     const int part = blockIdx.y;
     // This part's tiles [lo, hi) and its first request and tile, from the lengths.
-    int* scratch = reinterpret_cast<int*>(part_s);  // free until the first tile is computed
     const PartPos pp =
-        find_part<C::kThreads>(a, lens, part, a.check_lens && blockIdx.x == 0 && blockIdx.y == 0, scratch);
+        find_part<C::kThreads>(a, lens, part, a.check_lens && blockIdx.x == 0 && blockIdx.y == 0, sm.scratch());
     MLA_TRACE_AT(kTraceDecode, kTracePartFound);
     if (pp.lo >= pp.total) return;
     const int lo = pp.lo, hi = pp.hi, first_req = pp.first_req, first_j = pp.first_j;
@@ -197,8 +195,8 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
     // then x+2 is issued at the top of iteration x+1 instead (after the Q read), as is the
     // first tile of a part's second segment. `ahead`: tile x+1's group is already committed.
     Cursor cc{first_req, first_j, lens.len(first_req)};
-    load_tile<C, kSparse>(a, cc, resolve_row<C, kSparse>(a, cc), kv_s, valid_s);
-    if constexpr (C::kQInSmem) load_q_smem<C, kSparse>(a, cc.b, m_tile, q_s);
+    load_tile<C, kSparse>(a, cc, resolve_row<C, kSparse>(a, cc), sm.kv(0), sm.valid(0));
+    if constexpr (C::kQInSmem) load_q_smem<C, kSparse>(a, cc.b, m_tile, sm.q());
     cp_async_commit();
     Cursor nc = cc;  // the next tile, its rows resolved one iteration ahead
     RowRaw nraw{0};
@@ -207,7 +205,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
         nc.advance(lens);
         nraw = resolve_row<C, kSparse>(a, nc);
         if (nc.j != 0) {  // same segment: no Q to load
-            load_tile<C, kSparse>(a, nc, nraw, kv_s + C::kKvStageBytes, valid_s + C::kBlockN);
+            load_tile<C, kSparse>(a, nc, nraw, sm.kv(1), sm.valid(1));
             cp_async_commit();
             ahead = true;
         }
@@ -222,8 +220,10 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
 
     for (int x = lo; x < hi; ++x) {
         const int stage = (x - lo) & 1;
-        uint8_t* kv_cur = kv_s + stage * C::kKvStageBytes;
-        const int32_t* valid_cur = valid_s + stage * C::kBlockN;
+        uint8_t* kv_cur = sm.kv(stage);
+        // sm.valid(stage), written out: through the accessor here the compiler orders the loop
+        // differently (other registers on sm_120)
+        const int32_t* valid_cur = sm.valid_ + stage * C::kBlockN;
         if (ahead) {
             cp_async_wait<1>();
         } else {
@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
 
         if (seg_start) {
             if constexpr (C::kQInSmem) {
-                const uint32_t q_base = smem_u32(q_s);
+                const uint32_t q_base = smem_u32(sm.q());
 #pragma unroll
                 for (int ks = 0; ks < C::kSKSteps; ++ks) {
                     const int kk = kh * C::kSKSteps + ks;
@@ -267,8 +267,8 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
         const bool next_seg = x + 1 < hi && nc.j == 0;
         if (x + 1 < hi && !ahead) {
             if (C::kQInSmem && seg_start && next_seg) __syncthreads();  // q_s was just read: let every warp finish
-            load_tile<C, kSparse>(a, nc, nraw, kv_s + (stage ^ 1) * C::kKvStageBytes, valid_s + (stage ^ 1) * C::kBlockN);
-            if (C::kQInSmem && next_seg) load_q_smem<C, kSparse>(a, nc.b, m_tile, q_s);
+            load_tile<C, kSparse>(a, nc, nraw, sm.kv(stage ^ 1), sm.valid(stage ^ 1));
+            if (C::kQInSmem && next_seg) load_q_smem<C, kSparse>(a, nc.b, m_tile, sm.q());
             cp_async_commit();
         }
         if (x + 2 < hi) {
@@ -477,8 +477,8 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
         bool ahead_next = false;
         if (x + 2 < hi && !(C::kQInSmem && next_seg && n2.j == 0)) {
             __syncthreads();
-            load_tile<C, kSparse>(a, n2, n2raw, kv_cur, valid_s + stage * C::kBlockN);
-            if (C::kQInSmem && n2.j == 0) load_q_smem<C, kSparse>(a, n2.b, m_tile, q_s);
+            load_tile<C, kSparse>(a, n2, n2raw, kv_cur, sm.valid(stage));
+            if (C::kQInSmem && n2.j == 0) load_q_smem<C, kSparse>(a, n2.b, m_tile, sm.q());
             cp_async_commit();
             ahead_next = true;
         }

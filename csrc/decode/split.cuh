@@ -138,6 +138,14 @@ struct PartPos {
     int total, lo, hi, first_req, first_j;
 };
 
+// find_part's shared scratch (ints): the scans' warp sums in [0, 32) (a CTA has at most 32
+// warps), then where the part starts, written by the thread that finds it.
+struct PartScratch {
+    static constexpr int kFirstReq = 32;   // the part's first request
+    static constexpr int kFirstTile = 33;  // its first tile within that request
+    static constexpr int kInts = 34;
+};
+
 template <int kThreads>
 __device__ __forceinline__ PartPos find_part(const DecodeArgs& a, const Lens& lens, int part, bool record,
                                              int* scratch) {
@@ -157,12 +165,12 @@ __device__ __forceinline__ PartPos find_part(const DecodeArgs& a, const Lens& le
         chunk = split_chunk(p.total, a.parts_div, a.min_chunk);
         p.lo = part_lo(part, chunk, p.total);
         if (b < a.batch && incl - t <= p.lo && p.lo < incl) {
-            scratch[32] = b;
-            scratch[33] = p.lo - (incl - t);
+            scratch[PartScratch::kFirstReq] = b;
+            scratch[PartScratch::kFirstTile] = p.lo - (incl - t);
         }
         __syncthreads();
-        p.first_req = scratch[32];
-        p.first_j = scratch[33];
+        p.first_req = scratch[PartScratch::kFirstReq];
+        p.first_j = scratch[PartScratch::kFirstTile];
         __syncthreads();  // the caller reuses scratch
     } else {
         p.total = total_tiles<kThreads>(a, lens, record, scratch);
@@ -174,13 +182,13 @@ __device__ __forceinline__ PartPos find_part(const DecodeArgs& a, const Lens& le
             scan_requests<kThreads>(a, lens, scratch, [&](bool valid, int b, int start, int t) {
                 const bool mine = valid && start <= lo && lo < start + t;
                 if (mine) {
-                    scratch[32] = b;
-                    scratch[33] = lo - start;
+                    scratch[PartScratch::kFirstReq] = b;
+                    scratch[PartScratch::kFirstTile] = lo - start;
                 }
                 return mine;
             });
-            p.first_req = scratch[32];
-            p.first_j = scratch[33];
+            p.first_req = scratch[PartScratch::kFirstReq];
+            p.first_j = scratch[PartScratch::kFirstTile];
             __syncthreads();
         }
     }
@@ -188,9 +196,23 @@ __device__ __forceinline__ PartPos find_part(const DecodeArgs& a, const Lens& le
     return p;
 }
 
-// The k-th split request in request order (as decode splits them): into found[0..4)
-// {request, first part, last part, 1 if it is not its first part's first request};
-// false if there are at most k. Every thread calls it; scratch holds 2 * kThreads / 32 ints.
+// What find_split reports about a split request (indices into its `found`).
+enum SplitFound : int {
+    kFoundReq = 0,    // the request
+    kFoundFirst = 1,  // its first part
+    kFoundLast = 2,   // its last part
+    kFoundTail = 3,   // 1 if it is not its first part's first request (its piece there is in slot 2q + 1)
+    kFoundInts = 4,
+};
+// find_split's shared scratch: two scans' warp sums.
+template <int kThreads>
+constexpr int split_scratch_ints() {
+    return 2 * (kThreads / 32);
+}
+
+// The k-th split request in request order (as decode splits them): into found[SplitFound];
+// false if there are at most k. Every thread calls it; scratch holds
+// split_scratch_ints<kThreads>() ints.
 template <int kThreads>
 __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens, int k, int* scratch, int* found) {
     constexpr int kW = kThreads / 32;
@@ -208,10 +230,10 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
         count += n;
         const bool mine = split && idx == k;
         if (mine) {
-            found[0] = b;
-            found[1] = first;
-            found[2] = last;
-            found[3] = start != first * chunk ? 1 : 0;
+            found[kFoundReq] = b;
+            found[kFoundFirst] = first;
+            found[kFoundLast] = last;
+            found[kFoundTail] = start != first * chunk ? 1 : 0;
         }
         return mine;
     };
