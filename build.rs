@@ -1,4 +1,4 @@
-//! Build script: compiles `csrc/*.cu` with nvcc (optimized, `-lineinfo`, never `-G`) for
+//! Build script: compiles the `.cu` files under `csrc/` with nvcc (optimized, `-lineinfo`, never `-G`) for
 //! the architectures in `MLA_CUDA_ARCHS`, links the CUDA runtime statically and runs
 //! bindgen over `csrc/mla_decode.h`.
 //!
@@ -140,6 +140,19 @@ fn archs() -> Vec<u32> {
     archs
 }
 
+/// Every `.cu` file under `dir`, recursively (the kernels live in subfolders of csrc/).
+fn collect_cu(dir: &Path, out: &mut Vec<PathBuf>) {
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry.expect("reading csrc/").path();
+        if path.is_dir() {
+            collect_cu(&path, out);
+        } else if path.extension().is_some_and(|e| e == "cu") {
+            out.push(path);
+        }
+    }
+}
+
 fn compile_kernels(nvcc: &Path) {
     let archs = archs();
     let newest = *archs.last().unwrap();
@@ -185,14 +198,12 @@ fn compile_kernels(nvcc: &Path) {
             build.flag(f);
         }
     }
-    // One translation unit including every csrc/*.cu: with several .cu files cc compiles
-    // relocatable device code (--device-c + device link), which changes register
-    // allocation (it spilled on sm_120); whole-program compilation does not.
-    let mut sources: Vec<PathBuf> = std::fs::read_dir("csrc")
-        .expect("csrc/")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "cu"))
-        .collect();
+    // One translation unit including every .cu file under csrc/ (csrc/cache_ops.cu,
+    // csrc/decode/*.cu, ...): with several .cu files cc compiles relocatable device code
+    // (--device-c + device link), which changes register allocation (it spilled on sm_120);
+    // whole-program compilation does not.
+    let mut sources = Vec::new();
+    collect_cu(Path::new("csrc"), &mut sources);
     sources.sort();
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let unity: String = sources

@@ -19,7 +19,6 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use common::gpu::{cold_l2_for, FlushMode, ROTATE_L2_FACTOR, ROTATE_MAX_BYTES, ROTATE_MAX_COPIES};
-use common::kit::plan_options;
 use common::report::{self, row_name, Row, Table};
 use common::spec::{self, CaseSpec};
 use common::{flag_value, parse_count, Gpu, MeasureOpts, Res, BENCH_SEED};
@@ -268,7 +267,7 @@ fn run_case(
 ) -> Res<()> {
     let mut w = common::build(&gpu.stream, &p.spec, BENCH_SEED)?;
     for &sm120_occupancy in &p.modes {
-        w.set_options(&gpu.stream, plan_options(sm120_occupancy))?;
+        w.set_options(&gpu.stream, common::gpu::plan_options(sm120_occupancy)?)?;
         let timing = common::measure(gpu, w.as_mut(), opts)?;
         let accuracy = if check {
             Some(w.check(&gpu.stream)?)

@@ -1,6 +1,8 @@
 // Cache maintenance kernels: append new rows through a slot mapping, and gather
 // request-logical top-k positions into global slot ids.
-#include "common.cuh"
+#include "common/constants.cuh"
+#include "common/fault.cuh"
+#include "common/status.cuh"
 
 using namespace mla;
 

@@ -68,35 +68,74 @@ typedef enum {
     MLA_FAULT_BAD_APPEND_SLOT = 6   /* append: slot (not -1) outside the cache: row = token, value = low 32 bits */
 } mla_fault_code_t;
 
+/* ---- tuning: experiment overrides of the schedule's choices --------------------- */
+/* Programmatic dependent launch (sm_90+), as bits: mla_tuning_t::pdl, the schedule's
+ * choice (mla_schedule_internal_t::pdl) and what the kernels test are the same numbers. */
+#define MLA_PDL_ATTRIBUTE 1            /* launch with the PDL attribute: the combine kernel's
+                                          launch overlaps the decode kernel */
+#define MLA_PDL_TRIGGER_AT_START 2     /* each decode CTA lets the combine be scheduled when it
+                                          starts (lost: docs/PERFORMANCE.md logs #9, #16) */
+#define MLA_PDL_TRIGGER_AT_LAST_TILE 4 /* ... when it starts its last tile (log #20) */
+#define MLA_PDL_ALL 7                  /* every bit above */
+#define MLA_PDL_DEFAULT 5              /* MLA_PDL_ATTRIBUTE | MLA_PDL_TRIGGER_AT_LAST_TILE */
+#define MLA_PDL_OFF (-1)               /* mla_tuning_t::pdl only: no PDL */
+
+/* Overrides of what mla_schedule_init chooses from the shape, for experiments and tests
+ * (docs/DEVELOPING.md, "Launch knobs for experiments"). 0 in a field keeps the default;
+ * a NULL mla_tuning_t* is all defaults. A value outside the listed ones makes
+ * mla_schedule_init return MLA_STATUS_INVALID_ARGUMENT. */
+typedef struct {
+    int32_t sm120_occupancy; /* nonzero: pad the decode kernel's shared-memory request so that an
+                                sm_90 SM holds as few CTAs as an sm_120 SM (measure on an H200 what
+                                ships for sm_120); default 0 */
+    int32_t warps;           /* 4 or 8 warps per decode CTA (8: each warp half the S and PV work).
+                                Default: 8 when the step has at most 2 x SMs tiles or block_m is 32,
+                                else 4; an explicit 4 keeps block_m at 16 */
+    int32_t block_m;         /* 16 or 32 query rows per decode CTA (32: 8 warps, Q fragments from
+                                global memory). Default: 32 with >= 32 query rows when only one
+                                4-warp CTA fits an SM (sm_120, sm120_occupancy), else 16 */
+    int32_t pdl;             /* MLA_PDL_OFF, or an OR of the MLA_PDL_* bits. Default
+                                MLA_PDL_DEFAULT; no PDL before sm_90 whatever is asked */
+    int32_t combine_slices;  /* 1 or 4 combine CTAs per merged row's 512 dims. Default 4 when the
+                                split rows give at most one combine CTA per two SMs, else 1 */
+    int32_t min_chunk;       /* >= 1: the fewest 32-row tiles a split-KV part streams. Default 1
+                                when the step has at most SMs tiles, else 2 */
+} mla_tuning_t;
+
 /* ---- schedule: host-side launch decisions, made once per shape ------------------ */
+/* The configuration a schedule chose: filled by mla_schedule_init, read by the launches;
+ * do not edit (a launch rejects a configuration that does not match its shape). */
+typedef struct {
+    int32_t warps;          /* warps per decode CTA: 4 or 8 */
+    int32_t block_m;        /* query rows per decode CTA: 16 or 32 */
+    int32_t pdl;            /* MLA_PDL_* bits in effect (0: no PDL) */
+    int32_t min_chunk;      /* fewest 32-row tiles a split-KV part streams */
+    int32_t combine_slices; /* combine CTAs per merged row's 512 dims: 1 or 4 */
+} mla_schedule_internal_t;
+
 /* A schedule fixes the grid of the decode kernels for one problem shape on one
- * device. It is plain data: keep it with the workspace it sized. */
+ * device. It is plain data: keep it with the workspace it sized. Callers may read every
+ * field; none is meant to be written. */
 typedef struct {
     int32_t batch;          /* dense: requests; sparse: query tokens T */
     int32_t q_len;          /* dense: 1..=8; sparse: 1 */
     int32_t num_heads;      /* 1..=128 */
     int32_t max_len;        /* dense: max_blocks_per_seq*block_size; sparse: topk */
-    int32_t num_m_tiles;    /* ceil(q_len*num_heads / 16) */
+    int32_t num_m_tiles;    /* ceil(q_len*num_heads / block_m) */
     int32_t num_parts;      /* split-KV parts per m-tile (grid = num_m_tiles x num_parts) */
     int32_t smem_bytes;     /* dynamic shared memory per CTA actually requested */
     int32_t ctas_per_sm;    /* resident CTAs per SM the schedule assumed */
     int32_t sm_count;
     int32_t sm120_occupancy;/* 1: smem request padded so that an sm_90 SM holds as few CTAs as an sm_120 SM */
     int32_t device;         /* CUDA device ordinal the schedule was made for */
-    int32_t pdl;            /* programmatic dependent launch (sm_90+): 0 off; bit 0 on (the combine
-                               kernel's launch overlaps decode); bit 2 decode triggers it at its
-                               start, bit 3 at each CTA's last tile (default 9) */
-    int32_t min_chunk;      /* fewest 32-row tiles a split-KV part streams */
-    int32_t warps;          /* 4 or 8: warps per decode CTA (8: each warp half the S and PV work) */
-    int32_t block_m;        /* query rows per decode CTA: 16, or 32 (8 warps, Q fragments from global) */
-    int32_t combine_slices; /* 1 or 4: the combine splits each merged row's 512 dims over this
-                               many CTAs (more CTAs read the pieces when few rows split) */
+    mla_schedule_internal_t internal; /* filled by init, read by the launches; do not edit */
 } mla_schedule_t;
 
-/* Fill *s for a problem shape on the current device. max_len <= INT32_MAX - 31 and
- * batch * ceil(max_len / 32) <= INT32_MAX (the split counts 32-row tiles in int32). */
+/* Fill *s for a problem shape on the current device; tuning may be NULL (the defaults).
+ * max_len <= INT32_MAX - 31 and batch * ceil(max_len / 32) <= INT32_MAX (the split
+ * counts 32-row tiles in int32). */
 mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int32_t q_len, int32_t num_heads,
-                               int32_t max_len, int32_t sm120_occupancy);
+                               int32_t max_len, const mla_tuning_t* tuning);
 
 /* Device bytes of the split workspace (fp32) a schedule needs; 256-byte aligned (any
  * cudaMalloc is). Calls that share a workspace must run in stream order. */
@@ -183,20 +222,6 @@ mla_status_t mla_gather_slots(const int32_t* positions, int32_t positions_stride
                               int32_t block_table_stride, int32_t max_blocks_per_seq, const int32_t* seq_lens,
                               int32_t batch, int32_t block_size, int32_t num_blocks, int32_t* out_slots,
                               int32_t out_stride, uint32_t* error_flag, void* stream);
-
-/* ---- build information ---------------------------------------------------------- */
-/* Static shared memory etc. of the default (streaming, 4-warp, 16-row) tile configuration,
- * for the resource gate and docs; a schedule may pick an 8-warp one instead (its warps and
- * block_m fields say which; docs/PERFORMANCE.md, "The tile configuration"). */
-typedef struct {
-    int32_t block_m;        /* query rows per CTA */
-    int32_t block_n;        /* cache rows per pipeline stage */
-    int32_t stages;
-    int32_t threads;
-    int32_t smem_bytes;     /* dynamic shared memory the configuration itself needs */
-} mla_tile_info_t;
-
-mla_tile_info_t mla_tile_info(void);
 
 #ifdef __cplusplus
 }

@@ -3,8 +3,8 @@
 #include "mla_decode.h"
 
 mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int32_t q_len, int32_t num_heads,
-                               int32_t max_len, int32_t sm120_occupancy) {
-    (void)s; (void)batch; (void)q_len; (void)num_heads; (void)max_len; (void)sm120_occupancy;
+                               int32_t max_len, const mla_tuning_t* tuning) {
+    (void)s; (void)batch; (void)q_len; (void)num_heads; (void)max_len; (void)tuning;
     return MLA_STATUS_NOT_BUILT;
 }
 size_t mla_workspace_bytes(const mla_schedule_t* s) { (void)s; return 0; }
@@ -33,8 +33,4 @@ mla_status_t mla_gather_slots(const int32_t* positions, int32_t positions_stride
     (void)block_table_stride; (void)max_blocks_per_seq; (void)seq_lens; (void)batch; (void)block_size;
     (void)num_blocks; (void)out_slots; (void)out_stride; (void)error_flag; (void)stream;
     return MLA_STATUS_NOT_BUILT;
-}
-mla_tile_info_t mla_tile_info(void) {
-    mla_tile_info_t t = {0, 0, 0, 0, 0};
-    return t;
 }

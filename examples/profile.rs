@@ -24,7 +24,6 @@ use common::report::row_name;
 use common::spec::CaseSpec;
 use common::{flag_value, parse_count, Gpu, Res, BENCH_SEED};
 use mla_decode::cudarc::driver::{profiler_start, profiler_stop};
-use mla_decode::PlanOptions;
 
 const USAGE: &str = "\
 usage: profile --case SPEC [--iters N] [--warmup N] [--sm120-occupancy]
@@ -124,9 +123,7 @@ fn run(args: &Args) -> Res<()> {
     };
     gpu.flush_mode = args.flush;
     let mut w = common::build(&gpu.stream, &args.case, BENCH_SEED)?;
-    let options = PlanOptions {
-        sm120_occupancy: args.sm120_occupancy,
-    };
+    let options = common::gpu::plan_options(args.sm120_occupancy)?;
     w.set_options(&gpu.stream, options)?;
     println!("device: {}", gpu.describe());
     println!(
@@ -145,7 +142,7 @@ fn run(args: &Args) -> Res<()> {
             s.smem_bytes,
             s.ctas_per_sm,
             s.sm_count,
-            if s.pdl != 0 { "on" } else { "off" }
+            if s.internal.pdl != 0 { "on" } else { "off" }
         );
     }
     let flush = set_up_cold_l2(&gpu, w.as_mut())?;

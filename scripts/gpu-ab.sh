@@ -3,10 +3,13 @@
 # once per (repetition, setting), settings interleaved so that drift hits them alike, and
 # prints one table: median µs per case and setting, each repetition's value beside it.
 #
-# usage: MLA_AB="MLA_COOP=0|MLA_COOP=1" [MLA_AB_REPS=2] bash scripts/gpu-ab.sh BENCH_ARGS...
+# usage: MLA_AB="MLA_WARPS=4|MLA_WARPS=8" [MLA_AB_REPS=2] bash scripts/gpu-ab.sh BENCH_ARGS...
 #   MLA_AB       settings separated by '|'; each is a space-separated list of VAR=VALUE
 #                exported for that run ('-' alone: no variable); MLA_AB_BIN=PATH runs
-#                another bench build (e.g. the previous commit's, copied under .gpu/)
+#                another bench build (e.g. the previous commit's, copied under .gpu/).
+#                The bench turns MLA_WARPS, MLA_BLOCK_M, MLA_PDL, MLA_COMBINE_SLICES and
+#                MLA_MIN_CHUNK into the plan's Tuning (benches/common/gpu.rs); the library
+#                itself reads no environment variable.
 #   BENCH_ARGS   passed to bench-decode, e.g. --case dense:b=1,h=8,l=4096 --sm120-occupancy off
 # Writes $OUT/ab.log (every run's output) and $OUT/ab.txt (the table).
 set -uo pipefail
@@ -14,7 +17,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root" || exit 1
 OUT=${OUT:-$root/.gpu/out}
 mkdir -p "$OUT"
-IFS='|' read -r -a settings <<<"${MLA_AB:?set MLA_AB, e.g. MLA_AB=\"MLA_COOP=0|MLA_COOP=1\"}"
+IFS='|' read -r -a settings <<<"${MLA_AB:?set MLA_AB, e.g. MLA_AB=\"MLA_WARPS=4|MLA_WARPS=8\"}"
 reps=${MLA_AB_REPS:-2}
 tmp=$(mktemp -d)
 : >"$OUT/ab.log"

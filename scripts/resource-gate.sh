@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The resource gate: compiles every csrc/*.cu for sm_120 and sm_90 with ptxas's resource
+# The resource gate: compiles every .cu file under csrc/ (csrc/cache_ops.cu,
+# csrc/decode/*.cu: the set build.rs compiles) for sm_120 and sm_90 with ptxas's resource
 # report, prints one row per kernel (registers, static shared memory, stack frame, spill
 # stores/loads) and FAILS when
 #   - nvcc or ptxas fails on any file (a tile configuration whose shared-memory arithmetic
@@ -27,13 +28,15 @@ if ! mla_cuda_env; then
 fi
 
 read -r -a gate_archs <<<"${MLA_GATE_ARCHS:-120 90}"
-shopt -s nullglob
-sources=(csrc/*.cu)
-shopt -u nullglob
+# every .cu under csrc/, as build.rs finds them (it compiles them as one translation unit;
+# here each is compiled alone, which also checks that each stands on its own)
+mapfile -t sources < <(find csrc -name '*.cu' -type f | LC_ALL=C sort)
 if ((${#sources[@]} == 0)); then
-    echo "resource-gate: FAIL: no csrc/*.cu" >&2
+    echo "resource-gate: FAIL: no .cu file under csrc/" >&2
     exit 1
 fi
+# work-file name of a source: its path under csrc/, '/' -> '_', without .cu
+stem() { local f=${1#csrc/}; f=${f%.cu}; echo "${f//\//_}"; }
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/mla-gate.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -51,7 +54,7 @@ for arch in "${gate_archs[@]}"; do
     mkdir -p "$work/$arch"
     (
         for src in "${sources[@]}"; do
-            base=$(basename "$src" .cu)
+            base=$(stem "$src")
             rc=0
             "$NVCC" -cubin -gencode "arch=compute_$arch,code=sm_$arch" "${flags[@]}" \
                 -o "$work/$arch/$base.cubin" "$src" >"$work/$arch/$base.log" 2>&1 || rc=$?
@@ -102,7 +105,7 @@ rows=$work/rows.tsv
 : >"$rows"
 for arch in "${gate_archs[@]}"; do
     for src in "${sources[@]}"; do
-        base=$(basename "$src" .cu)
+        base=$(stem "$src")
         log=$work/$arch/$base.log
         rc=$(cat "$work/$arch/$base.rc")
         if [[ $rc != 0 ]]; then
@@ -117,7 +120,7 @@ for arch in "${gate_archs[@]}"; do
             echo "resource-gate: warnings for $src (sm_$arch):"
             grep -i -A2 'warning' "$log" | grep -v -e '^ptxas info' -e '^--$' | head -n 40 | sed 's/^/    /'
         fi
-        parse "$arch" "$base.cu" "$log" >>"$rows"
+        parse "$arch" "${src#csrc/}" "$log" >>"$rows"
     done
 done
 
@@ -140,7 +143,7 @@ echo "(ok=cap: 255 registers, the most a thread may have: no spill yet, but no h
 echo "(smem = static shared memory only; dynamic shared memory is each tile configuration's"
 echo " own static_assert against 101376 bytes, which a failing compile above would show)"
 if ((kernels == 0)); then
-    echo "resource-gate: warning: no kernel in csrc/*.cu yet"
+    echo "resource-gate: warning: no kernel under csrc/ yet"
 fi
 if ((bad > 0)); then
     echo "resource-gate: FAIL: $bad function(s) with a stack frame or spills (see FAIL rows)"

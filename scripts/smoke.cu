@@ -1,9 +1,10 @@
 // C-ABI smoke test and quick timer: drives csrc/ through raw device pointers and a raw
 // stream, exactly as a user of another CUDA library would, against a small double
 // reference. Built on the GPU machine:
-//   nvcc -O3 -std=c++17 -Icsrc -arch=sm_90 scripts/smoke.cu csrc/*.cu -o smoke && ./smoke
+//   nvcc -O3 -std=c++17 -Icsrc -arch=sm_90 scripts/smoke.cu csrc/cache_ops.cu csrc/decode/*.cu -o smoke && ./smoke
 // Phase trace of the small cases (timestamps from inside the kernels):
-//   nvcc -O3 -std=c++17 -DMLA_TRACE -Icsrc -arch=sm_90 scripts/smoke.cu csrc/*.cu -o trace && ./trace t
+//   nvcc -O3 -std=c++17 -DMLA_TRACE -Icsrc -arch=sm_90 scripts/smoke.cu csrc/cache_ops.cu csrc/decode/*.cu \
+//     -o trace && ./trace t
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -34,6 +35,25 @@
     } while (0)
 
 static std::mt19937_64 rng(1234);
+
+// The schedule's tuning: sm120_occupancy, and the bench's experiment overrides from the
+// environment (MLA_WARPS, MLA_BLOCK_M, MLA_PDL with 0 = off, MLA_COMBINE_SLICES,
+// MLA_MIN_CHUNK; the library reads no environment variable).
+static mla_tuning_t tuning(int occ) {
+    auto var = [](const char* name) {
+        const char* v = getenv(name);
+        return v && *v ? atoi(v) : 0;
+    };
+    mla_tuning_t t{};
+    t.sm120_occupancy = occ;
+    t.warps = var("MLA_WARPS");
+    t.block_m = var("MLA_BLOCK_M");
+    const char* pdl = getenv("MLA_PDL");
+    t.pdl = pdl && *pdl ? (atoi(pdl) == 0 ? MLA_PDL_OFF : atoi(pdl)) : 0;
+    t.combine_slices = var("MLA_COMBINE_SLICES");
+    t.min_chunk = var("MLA_MIN_CHUNK");
+    return t;
+}
 static float frand() { return std::uniform_real_distribution<float>(-1.f, 1.f)(rng); }
 
 struct Dense {
@@ -66,7 +86,8 @@ static float time_ms(F f, int iters) {
 
 #ifdef MLA_TRACE
 // Trace mode (built with -DMLA_TRACE, run with argument t): phase timestamps written by the
-// kernels' thread 0 (decode.cuh, MLA_TRACE_AT), 30 runs each after a 256 MiB memset flush.
+// kernels' thread 0 (csrc/common/trace.cuh, MLA_TRACE_AT), 30 runs each after a 256 MiB
+// memset flush.
 // Prints, per phase, the median over runs of (first, median, last CTA) in µs after the
 // first decode CTA started, and per-CTA phase lengths from clock64.
 extern "C" int mla_trace_reset(void* stream);
@@ -79,10 +100,14 @@ static void trace(D dec) {
     if (!flush) CK(cudaMalloc(&flush, 256 << 20));
     std::vector<unsigned long long> buf((size_t)2 * kC * kP * 2);
     auto at = [&](int k, int c, int i, int w) { return buf[(((size_t)k * kC + c) * kP + i) * 2 + w]; };
-    const char* names[2][kP] = {{"entry", "wait done", "part found", "1st tile in", "last tile in", "end",
-                                 "1st S done", "1st PV done"},
+    // The points of csrc/common/trace.cuh (DecodeTracePoint, CombineTracePoint), in order;
+    // the phase of point i is measured from point prev[k][i] (the last tile from the first).
+    const char* names[2][kP] = {{"entry", "wait done", "part found", "1st tile in", "1st S done", "1st PV done",
+                                 "last tile in", "end"},
                                 {"entry", "split found", "wait done", "end"}};
+    const int prev[2][kP] = {{-1, 0, 1, 2, 3, 4, 3, 6}, {-1, 0, 1, 2}};
     const int npts[2] = {8, 4};
+    const int kEnd = 7;  // decode's last point
     // [k][i][0..2] = per-run (first, median, last) µs; cyc[k][j] = per-run median cycles of phase j
     std::vector<double> pts[2][kP][3], cyc[2][kP], ev, ns_per_cyc;
     cudaEvent_t a, b;
@@ -119,8 +144,8 @@ static void trace(D dec) {
                 for (int c = 0; c < kC; ++c) {
                     if (!at(k, c, i, 0)) continue;
                     v.push_back((double)(at(k, c, i, 0) - t0) * 1e-3);
-                    const int prev = k == 0 && i == 6 ? 3 : i - 1;  // 1st S: after the 1st tile arrived
-                    if (i > 0 && at(k, c, prev, 1)) d.push_back((double)(at(k, c, i, 1) - at(k, c, prev, 1)));
+                    const int p = prev[k][i];
+                    if (p >= 0 && at(k, c, p, 1)) d.push_back((double)(at(k, c, i, 1) - at(k, c, p, 1)));
                 }
                 if (v.empty()) continue;
                 std::sort(v.begin(), v.end());
@@ -134,8 +159,9 @@ static void trace(D dec) {
             }
         }
         for (int c = 0; c < kC; ++c)
-            if (at(0, c, 5, 0) && at(0, c, 0, 0) && at(0, c, 5, 1) > at(0, c, 0, 1))
-                ratio.push_back((double)(at(0, c, 5, 0) - at(0, c, 0, 0)) / (double)(at(0, c, 5, 1) - at(0, c, 0, 1)));
+            if (at(0, c, kEnd, 0) && at(0, c, 0, 0) && at(0, c, kEnd, 1) > at(0, c, 0, 1))
+                ratio.push_back((double)(at(0, c, kEnd, 0) - at(0, c, 0, 0)) /
+                                (double)(at(0, c, kEnd, 1) - at(0, c, 0, 1)));
         if (!ratio.empty()) {
             std::sort(ratio.begin(), ratio.end());
             ns_per_cyc.push_back(ratio[ratio.size() / 2]);
@@ -203,7 +229,8 @@ static double run_dense(int batch, int q_len, int heads, int bs, int L, bool var
     const float scale = 1.f / 16.f;
 
     mla_schedule_t s;
-    MK(mla_schedule_init(&s, batch, q_len, heads, max_blocks * bs, occ));
+    const mla_tuning_t tune = tuning(occ);
+    MK(mla_schedule_init(&s, batch, q_len, heads, max_blocks * bs, &tune));
     void *d_cache, *d_q, *d_out, *d_ws;
     int *d_table, *d_seq;
     float* d_lse;
@@ -337,7 +364,8 @@ static double run_sparse(int T, int heads, int topk, int pool, bool holes, int o
     }
     const float scale = 1.f / 16.f;
     mla_schedule_t s;
-    MK(mla_schedule_init(&s, T, 1, heads, topk, occ));
+    const mla_tuning_t tune = tuning(occ);
+    MK(mla_schedule_init(&s, T, 1, heads, topk, &tune));
     void *d_cache, *d_q, *d_out, *d_ws;
     int* d_idx;
     float* d_lse;

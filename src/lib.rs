@@ -106,7 +106,7 @@ pub use config::{MlaConfig, Yarn};
 pub use decode::{dense_decode, sparse_decode};
 pub use device::{cuda_available, DeviceInfo, ErrorFlag, FaultCode};
 pub use error::{status_to_result, Error, Result};
-pub use plan::{DecodePlan, DenseShape, PlanKind, PlanOptions, SparseShape};
+pub use plan::{DecodePlan, DenseShape, PlanKind, PlanOptions, SparseShape, Tuning};
 pub use tensor::{BlockTable, KvCache, KvCacheMut, Lse, Output, Query, SparseIndices};
 pub use types::{
     DType, Element, KvFormat, BLOCK_SIZES, HEAD_DIM, LATENT_DIM, MAX_HEADS, MAX_Q_LEN, MAX_TOPK,

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, SyncOnDrop};
 
-use crate::error::{check, Result};
+use crate::error::{check, Error, Result};
 use crate::ffi;
 use crate::validate::{self, PlanDesc};
 
@@ -49,6 +49,97 @@ pub struct PlanOptions {
     /// Pad the shared-memory request so that an sm_90 SM holds as few blocks as an sm_120
     /// SM: measure on an H200 what ships for sm_120.
     pub sm120_occupancy: bool,
+    /// Overrides of the launch configuration, for experiments and tests; the default (all
+    /// `None`) is what the schedule picks from the shape, and what production should use.
+    pub tuning: Tuning,
+}
+
+/// Experiment overrides of what the schedule picks from the shape (`None` = the shape's
+/// choice). Each is the field of the same name in the C ABI's `mla_tuning_t`
+/// (`csrc/mla_decode.h` documents the defaults); a value outside the listed ones makes
+/// [`DecodePlan::dense`] / [`DecodePlan::sparse`] fail with
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument). The bench translates its
+/// `MLA_WARPS`, `MLA_BLOCK_M`, `MLA_PDL`, `MLA_COMBINE_SLICES` and `MLA_MIN_CHUNK`
+/// environment variables into this; the library itself reads no environment variable.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Tuning {
+    /// Warps per decode CTA: 4 or 8.
+    pub warps: Option<u32>,
+    /// Query rows per decode CTA: 16 or 32 (32 runs 8 warps).
+    pub block_m: Option<u32>,
+    /// Programmatic dependent launch: `0` off, else an OR of `ffi::MLA_PDL_ATTRIBUTE`,
+    /// `ffi::MLA_PDL_TRIGGER_AT_START` and `ffi::MLA_PDL_TRIGGER_AT_LAST_TILE` (default
+    /// `ffi::MLA_PDL_DEFAULT`; no effect before sm_90).
+    pub pdl: Option<u32>,
+    /// Combine CTAs per merged row's 512 dims: 1 or 4.
+    pub combine_slices: Option<u32>,
+    /// The fewest 32-row tiles a split-KV part streams, >= 1.
+    pub min_chunk: Option<u32>,
+}
+
+impl Tuning {
+    /// Checks each override against the values the C layer takes (it checks them again).
+    pub fn check(&self) -> Result<()> {
+        let bad = |arg: &'static str, ok: bool, expected: &str| -> Result<()> {
+            if ok {
+                Ok(())
+            } else {
+                Err(Error::invalid(arg, expected))
+            }
+        };
+        bad(
+            "tuning.warps",
+            matches!(self.warps, None | Some(4 | 8)),
+            "expected 4 or 8 warps",
+        )?;
+        bad(
+            "tuning.block_m",
+            matches!(self.block_m, None | Some(16 | 32)),
+            "expected 16 or 32 query rows",
+        )?;
+        bad(
+            "tuning.block_m",
+            !(self.block_m == Some(32) && self.warps == Some(4)),
+            "32 query rows per CTA run 8 warps, not 4",
+        )?;
+        bad(
+            "tuning.pdl",
+            self.pdl.is_none_or(|p| p & !ffi::MLA_PDL_ALL == 0),
+            "expected 0 (off) or an OR of the MLA_PDL_* bits (1, 2, 4)",
+        )?;
+        bad(
+            "tuning.combine_slices",
+            matches!(self.combine_slices, None | Some(1 | 4)),
+            "expected 1 or 4 slices",
+        )?;
+        bad(
+            "tuning.min_chunk",
+            self.min_chunk
+                .is_none_or(|c| c >= 1 && c <= i32::MAX as u32),
+            "expected at least 1 tile",
+        )
+    }
+
+    /// The C ABI's struct (0 = default; a value C cannot take becomes one it rejects).
+    fn to_ffi(self, sm120_occupancy: bool) -> ffi::mla_tuning_t {
+        const REJECTED: i32 = -2;
+        let field = |v: Option<u32>| match v {
+            None => 0,
+            Some(0) => REJECTED,
+            Some(v) => i32::try_from(v).unwrap_or(REJECTED),
+        };
+        ffi::mla_tuning_t {
+            sm120_occupancy: sm120_occupancy as i32,
+            warps: field(self.warps),
+            block_m: field(self.block_m),
+            pdl: match self.pdl {
+                Some(0) => ffi::MLA_PDL_OFF,
+                v => field(v),
+            },
+            combine_slices: field(self.combine_slices),
+            min_chunk: field(self.min_chunk),
+        }
+    }
 }
 
 /// A schedule (the grid and split-KV parts for one shape on one device) with the split
@@ -110,19 +201,14 @@ impl DecodePlan {
         options: PlanOptions,
     ) -> Result<Self> {
         let [batch, q_len, heads, max_len] = dims.map(|d| d as i32); // validated to fit
+        options.tuning.check()?;
         let mut schedule = ffi::mla_schedule_t::default();
+        let tuning = options.tuning.to_ffi(options.sm120_occupancy);
         stream.context().bind_to_thread()?;
-        // SAFETY: `schedule` is a valid, writable struct; the call only fills it.
-        let status = unsafe {
-            ffi::mla_schedule_init(
-                &mut schedule,
-                batch,
-                q_len,
-                heads,
-                max_len,
-                options.sm120_occupancy as i32,
-            )
-        };
+        // SAFETY: `schedule` is a valid, writable struct and `tuning` a valid struct that
+        // outlives the call; the call only fills `schedule`.
+        let status =
+            unsafe { ffi::mla_schedule_init(&mut schedule, batch, q_len, heads, max_len, &tuning) };
         check("mla_schedule_init", status)?;
         // SAFETY: `schedule` was filled by mla_schedule_init.
         let ws_bytes = unsafe { ffi::mla_workspace_bytes(&schedule) };
@@ -167,4 +253,93 @@ impl DecodePlan {
 /// The ordinal of `stream`'s device.
 pub(crate) fn ordinal(stream: &CudaStream) -> usize {
     stream.context().ordinal()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tuning_defaults_are_zeros() {
+        let t = Tuning::default().to_ffi(false);
+        assert_eq!(
+            [
+                t.sm120_occupancy,
+                t.warps,
+                t.block_m,
+                t.pdl,
+                t.combine_slices,
+                t.min_chunk
+            ],
+            [0; 6]
+        );
+        assert_eq!(Tuning::default().to_ffi(true).sm120_occupancy, 1);
+        assert_eq!(Tuning::default().check(), Ok(()));
+    }
+
+    #[test]
+    fn tuning_overrides() {
+        let t = Tuning {
+            warps: Some(8),
+            block_m: Some(32),
+            pdl: Some(0),
+            combine_slices: Some(4),
+            min_chunk: Some(3),
+        };
+        assert_eq!(t.check(), Ok(()));
+        let f = t.to_ffi(false);
+        assert_eq!(
+            [f.warps, f.block_m, f.pdl, f.combine_slices, f.min_chunk],
+            [8, 32, ffi::MLA_PDL_OFF, 4, 3]
+        );
+        let pdl = Tuning {
+            pdl: Some(ffi::MLA_PDL_DEFAULT),
+            ..Tuning::default()
+        };
+        assert_eq!(pdl.check(), Ok(()));
+        assert_eq!(pdl.to_ffi(false).pdl, ffi::MLA_PDL_DEFAULT as i32);
+    }
+
+    #[test]
+    fn tuning_rejects() {
+        let bad = [
+            Tuning {
+                warps: Some(6),
+                ..Tuning::default()
+            },
+            Tuning {
+                block_m: Some(32),
+                warps: Some(4),
+                ..Tuning::default()
+            },
+            Tuning {
+                pdl: Some(8),
+                ..Tuning::default()
+            },
+            Tuning {
+                combine_slices: Some(2),
+                ..Tuning::default()
+            },
+            Tuning {
+                min_chunk: Some(0),
+                ..Tuning::default()
+            },
+        ];
+        for t in bad {
+            assert!(
+                matches!(t.check(), Err(Error::InvalidArgument { .. })),
+                "{t:?}"
+            );
+        }
+        // what C would see had the check been skipped: values it rejects
+        assert!(
+            Tuning {
+                warps: Some(0),
+                ..Tuning::default()
+            }
+            .to_ffi(false)
+            .warps
+                < 0
+        );
+    }
 }

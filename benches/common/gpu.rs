@@ -21,7 +21,7 @@ use mla_decode::cudarc::driver::sys::{
     CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode,
 };
 use mla_decode::cudarc::driver::{CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream};
-use mla_decode::{cuda_available, DeviceInfo};
+use mla_decode::{cuda_available, DeviceInfo, PlanOptions, Tuning};
 
 use super::cases::{CacheBytes, Workload};
 use super::Res;
@@ -84,6 +84,15 @@ pub struct Gpu {
     /// How [`measure`] keeps the inputs out of L2 ([`FlushMode::Rotate`] unless set).
     pub flush_mode: FlushMode,
     flush: CudaSlice<u8>,
+}
+
+/// Plan options of a bench or profile run: `sm120_occupancy` and the environment's
+/// overrides (`kit::tuning_from_env`).
+pub fn plan_options(sm120_occupancy: bool) -> Result<PlanOptions, String> {
+    Ok(PlanOptions {
+        sm120_occupancy,
+        tuning: super::kit::tuning_from_env()?,
+    })
 }
 
 /// How [`Gpu::time`] runs.

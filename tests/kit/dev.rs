@@ -40,12 +40,39 @@ macro_rules! with_dtype {
 }
 pub(crate) use with_dtype;
 
-/// Plan options with `sm120_occupancy` set and every other field at its default.
-#[allow(clippy::needless_update)] // the struct grows fields (tuning): keep the update
+/// The schedule overrides of an experiment, from the environment (the library reads none;
+/// `scripts/gpu-ab.sh` sets these per setting): `MLA_WARPS` (4 or 8), `MLA_BLOCK_M` (16 or
+/// 32), `MLA_PDL` (0 off, else an OR of 1 = launch attribute, 2 = trigger at the decode
+/// CTA's start, 4 = at its last tile; default 5), `MLA_COMBINE_SLICES` (1 or 4),
+/// `MLA_MIN_CHUNK` (>= 1). Unset or empty: the schedule's choice. A value that is not a
+/// number is an error here; one the schedule does not take fails the plan.
+pub fn tuning_from_env() -> Result<mla_decode::Tuning, String> {
+    let var = |name: &str| -> Result<Option<u32>, String> {
+        match std::env::var(name) {
+            Ok(v) if !v.trim().is_empty() => v
+                .trim()
+                .parse::<u32>()
+                .map(Some)
+                .map_err(|_| format!("{name}: expected a non-negative integer, got `{v}`")),
+            _ => Ok(None),
+        }
+    };
+    Ok(mla_decode::Tuning {
+        warps: var("MLA_WARPS")?,
+        block_m: var("MLA_BLOCK_M")?,
+        pdl: var("MLA_PDL")?,
+        combine_slices: var("MLA_COMBINE_SLICES")?,
+        min_chunk: var("MLA_MIN_CHUNK")?,
+    })
+}
+
+/// Plan options of a test: `sm120_occupancy` and the environment's overrides
+/// ([`tuning_from_env`]: run the GPU tests with `MLA_BLOCK_M=32` or `MLA_WARPS=8` so that
+/// every tile configuration sees every shape).
 pub fn plan_options(sm120_occupancy: bool) -> PlanOptions {
     PlanOptions {
         sm120_occupancy,
-        ..Default::default()
+        tuning: tuning_from_env().expect("MLA_* tuning variables"),
     }
 }
 

@@ -1,5 +1,6 @@
-// Device helpers shared by every kernel: element traits, cp.async, ldmatrix, mma.sync,
-// the error flag. Everything here runs on sm_80 and newer (sm_90, sm_120).
+// The instructions the kernels use, wrapped: mma.sync, ldmatrix, cp.async, griddepcontrol
+// (programmatic dependent launch), the MUFU approximations, quad shuffles, and the element
+// types' packing. Everything here runs on sm_80 and newer (sm_90, sm_120).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -7,18 +8,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "mla_decode.h"
-
 namespace mla {
-
-constexpr int kHeadDim = MLA_HEAD_DIM;           // 576
-constexpr int kLatentDim = MLA_LATENT_DIM;       // 512
-constexpr int kRowBytes = MLA_ROW_BYTES_16;      // 1152
-constexpr int kRowChunks = kRowBytes / 16;       // 72 chunks of 16 bytes
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-constexpr int kSm120SmemPerBlock = 101376;       // 99 KB opt-in limit of sm_120
-constexpr int kSm120SmemPerSm = 102400;          // 100 KB per SM on sm_120
 
 // ---- element types -------------------------------------------------------------------
 template <typename T> struct Elem;
@@ -81,20 +71,6 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// Swizzled position (in 16-byte chunks) of chunk c of row r in a tile of 72-chunk rows:
-// the low 3 bits of the chunk index are XORed with the row, so that the 8 rows an
-// ldmatrix reads land in 8 different bank groups (a row is 1152 = 9*128 bytes).
-__device__ __forceinline__ int swz(int r, int c) { return r * kRowChunks + (c ^ (r & 7)); }
-
-// First fault wins: word 0 by atomicCAS, then row and value.
-__device__ __forceinline__ void record_fault(uint32_t* flag, uint32_t code, uint32_t row, int32_t value) {
-    if (flag == nullptr) return;
-    if (atomicCAS(flag, 0u, code) == 0u) {
-        flag[1] = row;
-        flag[2] = static_cast<uint32_t>(value);
-    }
-}
-
 // Programmatic dependent launch: wait until the previous kernel in the stream has
 // finished (a no-op when the kernel was launched without the PDL attribute).
 __device__ __forceinline__ void grid_dependency_wait() {
@@ -129,33 +105,6 @@ __device__ __forceinline__ float fast_rcp(float x) {
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
-
-// n / d for 0 <= n < 2^31 and a divisor 1 <= d < 2^31 fixed on the host: a multiply-high,
-// an add and a shift instead of the ~25-instruction integer division (Granlund and
-// Montgomery's round-up multiplier: s = ceil(log2 d), m = floor(2^32 (2^s - d) / d) + 1;
-// exact for n < 2^31, where the add cannot overflow).
-struct FastDiv {
-    uint32_t mul, shift;
-    int32_t d;
-    static FastDiv make(int32_t d) {
-        FastDiv f;
-        f.d = d;
-        f.shift = 0;
-        while ((1ull << f.shift) < static_cast<uint64_t>(d)) ++f.shift;
-        f.mul = static_cast<uint32_t>(((1ull << 32) * ((1ull << f.shift) - static_cast<uint64_t>(d))) /
-                                          static_cast<uint64_t>(d) + 1);
-        return f;
-    }
-    __host__ __device__ __forceinline__ int div(int n) const {
-#ifdef __CUDA_ARCH__
-        const uint32_t hi = __umulhi(static_cast<uint32_t>(n), mul);
-#else
-        const uint32_t hi = static_cast<uint32_t>((static_cast<uint64_t>(static_cast<uint32_t>(n)) * mul) >> 32);
-#endif
-        return static_cast<int>((hi + static_cast<uint32_t>(n)) >> shift);
-    }
-};
-
 __device__ __forceinline__ float warp_max4(float v) {  // over the 4 lanes of a quad
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
@@ -168,17 +117,3 @@ __device__ __forceinline__ float warp_sum4(float v) {
 }
 
 }  // namespace mla
-
-// Host-side: turn a cudaError_t into an mla_status_t.
-static inline mla_status_t mla_cuda_status(cudaError_t e) {
-    return e == cudaSuccess ? MLA_STATUS_OK : static_cast<mla_status_t>(MLA_STATUS_CUDA_BASE + static_cast<int>(e));
-}
-#define MLA_CUDA_TRY(expr)                                   \
-    do {                                                     \
-        cudaError_t mla_e_ = (expr);                         \
-        if (mla_e_ != cudaSuccess) return mla_cuda_status(mla_e_); \
-    } while (0)
-#define MLA_REQUIRE(cond)                                         \
-    do {                                                          \
-        if (!(cond)) return MLA_STATUS_INVALID_ARGUMENT;          \
-    } while (0)

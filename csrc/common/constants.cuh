@@ -1,0 +1,20 @@
+// The fixed dims and hardware limits every kernel shares. The model's dims come from the C
+// header (csrc/mla_decode.h), the one place they are written down.
+#pragma once
+
+#include <stdint.h>
+
+#include "mla_decode.h"
+
+namespace mla {
+
+constexpr int kHeadDim = MLA_HEAD_DIM;           // 576
+constexpr int kLatentDim = MLA_LATENT_DIM;       // 512
+constexpr int kRowBytes = MLA_ROW_BYTES_16;      // 1152
+constexpr int kRowChunks = kRowBytes / 16;       // 72 chunks of 16 bytes
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kSm120SmemPerBlock = 101376;       // 99 KB opt-in limit of sm_120
+constexpr int kSm120SmemPerSm = 102400;          // 100 KB per SM on sm_120
+
+}  // namespace mla

@@ -1,0 +1,65 @@
+// The arguments every kernel of the decode family receives (filled on the host by
+// decode/decode.cu), and the mapping of a query row to its token and head.
+#pragma once
+
+#include <stdint.h>
+
+#include "common/fastdiv.cuh"
+
+namespace mla {
+
+// ---- arguments of the decode family ------------------------------------------------------
+struct DecodeArgs {
+    const uint8_t* q_nope;
+    const uint8_t* q_rope;
+    int64_t qn_ts, qn_hs, qr_ts, qr_hs;  // element strides
+    const uint8_t* cache;
+    int64_t block_stride;  // bytes
+    int32_t num_blocks;
+    int32_t block_size;    // a power of two
+    int32_t block_shift;   // log2(block_size)
+    const int32_t* table;  // dense: block table; sparse: indices
+    int32_t table_stride;
+    int32_t table_cols;    // dense: max_blocks_per_seq; sparse: topk
+    int32_t batch;
+    int32_t num_parts;
+    int32_t min_chunk;     // fewest tiles per part (mla_schedule_internal_t::min_chunk)
+    int32_t q_len;         // dense q_len; sparse 1
+    int32_t num_heads;
+    int32_t m_rows;        // q_len * num_heads
+    uint8_t* out;
+    int64_t out_ts, out_hs;
+    float* lse;
+    int64_t lse_ts, lse_hs;
+    float scale_log2;      // softmax_scale * log2(e)
+    const int32_t* lens;   // dense: seq_lens; sparse: topk_len (may be NULL)
+    int32_t max_len;       // dense: max_blocks_per_seq * block_size; sparse: topk
+    int32_t check_lens;    // record negative / too-large lengths (dense)
+    float* ws_o;           // [2*parts, m_rows, 512] (decode/split.cuh, "the workspace")
+    float* ws_lse;         // [2*parts, m_rows], log2 domain
+    uint32_t* flag;
+    int32_t pdl;           // MLA_PDL_* bits (mla_schedule_internal_t::pdl)
+    int32_t combine_rows;  // query rows per combine CTA: 1 (8 warps per row) or 8 (a warp per row)
+    // Divisions prepared on the host: by num_parts and num_heads; and without lengths (every
+    // request has max_len rows: the closed form) the tiles per request, the total and the chunk.
+    FastDiv parts_div;
+    FastDiv heads_div;     // num_heads (dense query row m -> query position m / num_heads)
+    FastDiv closed_tiles;  // tiles_of(max_len)
+    FastDiv closed_chunk;  // split_chunk(batch * tiles_of(max_len), ...)
+    int32_t closed_total;
+};
+
+// Query row m of request b: the token index and head.
+template <bool kSparse>
+__device__ __forceinline__ void row_token_head(const DecodeArgs& a, int b, int m, int& token, int& head) {
+    if (kSparse) {
+        token = b;
+        head = m;
+    } else {
+        const int i = a.heads_div.div(m);
+        token = b * a.q_len + i;
+        head = m - i * a.num_heads;
+    }
+}
+
+}  // namespace mla

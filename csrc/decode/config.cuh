@@ -1,0 +1,79 @@
+// The decode kernel's tile configurations: TileConfig (rows, warps, how the warps split the
+// two products, the shared-memory arithmetic checked against sm_120), the three in use, and
+// the one mapping from a schedule's (warps, block_m) to a configuration.
+#pragma once
+
+#include "common/constants.cuh"
+
+namespace mla {
+
+// ---- tile configuration ---------------------------------------------------------------
+// One configuration serves sm_120 and sm_90 (the H200 runs exactly what sm_120 runs). Two
+// warp counts: 4 (the streaming configuration: two CTAs per H200 SM, registers at the cap)
+// and 8 (one CTA per SM, each warp with half the S and PV work: a tile computes in about
+// half the time, for steps whose CTAs each have an SM to themselves).
+template <int kWarps_, int kMTiles_ = 1>
+struct TileConfig {
+    static constexpr int kMTiles = kMTiles_;          // m16 MMA tiles of query rows per CTA
+    static constexpr int kBlockM = 16 * kMTiles;      // query rows (heads x q_len) per CTA
+    // Q: staged in shared memory (ldmatrix) with one m-tile; with two, the Q tile does not
+    // fit 99 KB beside the stages, and each thread loads its fragments from global memory.
+    static constexpr bool kQInSmem = kMTiles == 1;
+    static constexpr int kBlockN = 32;   // cache rows per pipeline stage
+    static constexpr int kStages = 2;
+    static constexpr int kWarps = kWarps_;
+    static constexpr int kThreads = kWarps * 32;
+    // S = Q K^T: warps split the tile's rows (kSplitN) and the 576 dims (kSplitK)
+    static constexpr int kSplitN = 2;
+    static constexpr int kSplitK = kWarps / kSplitN;
+    static constexpr int kSNTiles = kBlockN / 8 / kSplitN;       // n8 tiles of S per warp
+    static constexpr int kSKSteps = kHeadDim / 16 / kSplitK;     // k16 steps per warp
+    // O += P V: warps split the 512 output dims
+    static constexpr int kODims = kLatentDim / kWarps;           // 128 or 64
+    static constexpr int kONTiles = kODims / 8;                  // 16 or 8
+    static constexpr int kRowsPerWarp = kBlockN / kWarps;        // tile rows each warp loads
+    // shared memory
+    static constexpr int kKvStageBytes = kBlockN * kRowBytes;    // 36,864
+    static constexpr int kQBytes = kQInSmem ? kBlockM * kRowBytes : 0;  // 18,432
+    static constexpr int kPartialBytes = kWarps * kMTiles * kSNTiles * 32 * 16;
+    static constexpr int kValidBytes = kStages * kBlockN * 4;
+    static constexpr int kSmemBytes = kStages * kKvStageBytes + kQBytes + kPartialBytes + kValidBytes;
+
+    static_assert(kWarps == 4 || kWarps == 8, "warp counts the S reduction handles");
+    static_assert(kMTiles == 1 || (kMTiles == 2 && kWarps == 8), "two m-tiles only with 8 warps");
+    static_assert(kSplitN * kSplitK == kWarps, "warp split");
+    static_assert(kSKSteps * 16 * kSplitK == kHeadDim, "k split");
+    static_assert(kSNTiles == 2, "S code handles two n8 tiles per warp (one ldmatrix.x4)");
+    static_assert(kBlockN % 16 == 0 && kBlockN / 8 == 4, "softmax/PV code assumes 32-row tiles");
+    static_assert(kONTiles % 2 == 0, "PV loads two n8 tiles per ldmatrix");
+    static_assert(kSmemBytes <= kSm120SmemPerBlock, "tile configuration exceeds sm_120's 99 KB per block");
+    static_assert(kSmemBytes + 1024 <= kSm120SmemPerSm, "one CTA must fit an sm_120 SM");
+};
+using Cfg = TileConfig<4>;   // the shared constants (block sizes) and the streaming configuration
+using Cfg8 = TileConfig<8>;
+using CfgWide = TileConfig<8, 2>;  // 32 query rows per CTA: many heads
+constexpr int kTileShift = 5;  // log2(kBlockN)
+static_assert((1 << kTileShift) == Cfg::kBlockN, "tile shift");
+constexpr int kMinChunkTiles = 2;  // a part streams at least this many tiles
+constexpr int kCombineWarps = 8;   // warps per combine CTA (decode/combine.cuh)
+
+// Calls f(C{}) with the tile configuration C that (warps, block_m) name: 32 rows -> CfgWide
+// (always 8 warps), else 8 warps -> Cfg8, else Cfg. The schedule, the launch and its
+// argument check all pick the configuration through this one mapping.
+template <typename F>
+auto with_config(int warps, int block_m, F&& f) {
+    if (block_m == 32) return f(CfgWide{});
+    if (warps == 8) return f(Cfg8{});
+    return f(Cfg{});
+}
+
+// Calls f(C{}) for every configuration with_config can pick: the list of instantiations (the
+// decode kernel is instantiated for each, per element type and dense/sparse).
+template <typename F>
+void for_each_config(F&& f) {
+    f(Cfg{});
+    f(Cfg8{});
+    f(CfgWide{});
+}
+
+}  // namespace mla

@@ -1,0 +1,495 @@
+// The split-KV decode kernel: CTA (m_tile, part) runs its query rows over the tiles of its
+// part of the split (decode/split.cuh), streaming them through a cp.async double buffer, and
+// writes each request it finishes to `out`, or its piece of a split request to the
+// workspace for combine_kernel (decode/combine.cuh).
+#pragma once
+
+#include "common/constants.cuh"
+#include "common/fault.cuh"
+#include "common/ptx.cuh"
+#include "common/trace.cuh"
+#include "decode/args.cuh"
+#include "decode/config.cuh"
+#include "decode/smem.cuh"
+#include "decode/split.cuh"
+
+namespace mla {
+
+// Swizzled position (in 16-byte chunks) of chunk c of row r in a tile of 72-chunk rows:
+// the low 3 bits of the chunk index are XORed with the row, so that the 8 rows an
+// ldmatrix reads land in 8 different bank groups (a row is 1152 = 9*128 bytes).
+__device__ __forceinline__ int swz(int r, int c) { return r * kRowChunks + (c ^ (r & 7)); }
+
+// The raw table entry behind one tile row, read one iteration before the tile is issued
+// so that issuing never waits on a dependent load. Lanes 0..kRowsPerWarp-1 of each warp
+// own row warp*kRowsPerWarp+lane. The column is clamped into the table row; the length
+// check is done at issue time (against the cursor's length).
+struct RowRaw {
+    int entry;  // block-table entry (dense) or slot id (sparse)
+};
+
+template <typename C, bool kSparse>
+__device__ __forceinline__ RowRaw resolve_row(const DecodeArgs& a, const Cursor& c) {
+    RowRaw rr{0};
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane < C::kRowsPerWarp) {
+        const int pos = (c.j << kTileShift) + warp * C::kRowsPerWarp + lane;
+        const int col = min(kSparse ? pos : pos >> a.block_shift, a.table_cols - 1);
+        rr.entry = a.table[static_cast<int64_t>(c.b) * a.table_stride + col];
+    }
+    return rr;
+}
+
+// Issue the cp.async loads of one tile. Lanes 0..kRowsPerWarp-1 turn their row's raw
+// entry into a byte offset (-1: invalid row, zero-filled and never read) and record a
+// fault; then the warp streams its rows, lane l copying chunks l, l+32 and l+64 of
+// each row (one shuffle per row, no division).
+template <typename C, bool kSparse>
+__device__ __forceinline__ void load_tile(const DecodeArgs& a, const Cursor& c, const RowRaw& rr, uint8_t* kv_stage,
+                                          int32_t* valid_stage) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int64_t off = -1;
+    if (lane < C::kRowsPerWarp) {
+        const int r = warp * C::kRowsPerWarp + lane;
+        const int pos = (c.j << kTileShift) + r;
+        if (pos < c.len) {
+            const int bmask = a.block_size - 1;
+            if (kSparse) {
+                const int id = rr.entry;
+                if (id >= 0 && (id >> a.block_shift) < a.num_blocks) {
+                    off = (id >> a.block_shift) * a.block_stride + static_cast<int64_t>(id & bmask) * kRowBytes;
+                } else if (id != -1) {
+                    record_fault(a.flag, MLA_FAULT_BAD_SLOT_ID, c.b, id);
+                }
+            } else {
+                const int e = rr.entry;
+                if (e >= 0 && e < a.num_blocks) {
+                    off = e * a.block_stride + static_cast<int64_t>(pos & bmask) * kRowBytes;
+                } else {
+                    record_fault(a.flag, MLA_FAULT_BAD_BLOCK_ID, c.b, e);
+                }
+            }
+        }
+        valid_stage[r] = off >= 0;
+    }
+    const uint32_t kv_base = smem_u32(kv_stage);
+#pragma unroll
+    for (int i = 0; i < C::kRowsPerWarp; ++i) {
+        const int64_t roff = __shfl_sync(0xffffffffu, off, i);
+        const int row = warp * C::kRowsPerWarp + i;
+        const int bytes = roff >= 0 ? 16 : 0;
+        const uint8_t* src = a.cache + (roff >= 0 ? roff : 0) + lane * 16;
+        const uint32_t dst = kv_base + row * kRowBytes;
+        const int x = row & 7;
+#pragma unroll
+        for (int k = 0; k < 3; ++k) {
+            const int ch = lane + 32 * k;
+            if (k < 2 || ch < kRowChunks) cp_async_16(dst + ((ch ^ x) << 4), src + k * 512, bytes);
+        }
+    }
+}
+
+// At a segment start: the query rows of the tile's request into q_s (zero past m_rows),
+// in the same cp.async group as the tile.
+template <typename C, bool kSparse>
+__device__ __forceinline__ void load_q_smem(const DecodeArgs& a, int b, int m_tile, uint8_t* q_s) {
+    const uint32_t q_base = smem_u32(q_s);
+    // Warp w copies rows w*kRows.., one row at a time as load_tile does: the row's source
+    // addresses once per warp, then lane l copies chunks l and l+32 of the 64 nope chunks
+    // and lanes 0..7 the 8 rope chunks. The thread index is read opaquely: the compiler
+    // recomputes these addresses here instead of keeping them live through the main loop
+    // (which runs at the register limit).
+    int tid;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+    const int lane = tid & 31, warp = tid >> 5;
+    constexpr int kRows = C::kBlockM / C::kWarps;
+    static_assert(kRows * C::kWarps == C::kBlockM && kRowChunks == 72, "rows split evenly over warps, 64 + 8 chunks");
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+        const int r = warp * kRows + i;
+        const int m = m_tile * C::kBlockM + r;
+        const uint8_t* qn = a.q_nope;
+        const uint8_t* qr = a.q_rope;
+        int bytes = 0;
+        if (m < a.m_rows) {
+            int token, head;
+            row_token_head<kSparse>(a, b, m, token, head);
+            qn += (token * a.qn_ts + head * a.qn_hs) * 2;
+            qr += (token * a.qr_ts + head * a.qr_hs) * 2;
+            bytes = 16;
+        }
+        const uint32_t dst = q_base + r * kRowBytes;
+        const int x = r & 7;
+        cp_async_16(dst + ((lane ^ x) << 4), qn + lane * 16, bytes);
+        cp_async_16(dst + (((lane + 32) ^ x) << 4), qn + (lane + 32) * 16, bytes);
+        if (lane < 8) cp_async_16(dst + (((lane + 64) ^ x) << 4), qr + lane * 16, bytes);
+    }
+}
+
+// At a segment start without a Q tile in shared memory: this thread's A fragments of
+// m-tile mt (rows g, g+8; k16 steps kh*kSKSteps..) straight from global memory, the layout
+// ldmatrix would give (zero past m_rows).
+template <typename C, bool kSparse>
+__device__ __forceinline__ void load_q_frags(const DecodeArgs& a, int b, int m_tile, int kh,
+                                             uint32_t (&qf)[C::kMTiles][C::kSKSteps][4]) {
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < C::kMTiles; ++mt) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const int m = m_tile * C::kBlockM + mt * 16 + g + 8 * hf;
+            const uint8_t* qn = nullptr;
+            const uint8_t* qr = nullptr;
+            if (m < a.m_rows) {
+                int token, head;
+                row_token_head<kSparse>(a, b, m, token, head);
+                qn = a.q_nope + (token * a.qn_ts + head * a.qn_hs) * 2;
+                qr = a.q_rope + (token * a.qr_ts + head * a.qr_hs) * 2;
+            }
+#pragma unroll
+            for (int ks = 0; ks < C::kSKSteps; ++ks) {
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {  // cols (kk*16 + 8c + 2tq, +1)
+                    const int col = (kh * C::kSKSteps + ks) * 16 + 8 * c + 2 * tq;
+                    uint32_t v = 0;
+                    if (qn != nullptr) {
+                        v = col < kLatentDim ? *reinterpret_cast<const uint32_t*>(qn + col * 2)
+                                             : *reinterpret_cast<const uint32_t*>(qr + (col - kLatentDim) * 2);
+                    }
+                    qf[mt][ks][hf + 2 * c] = v;
+                }
+            }
+        }
+    }
+}
+
+template <typename T, bool kSparse, typename C>
+__global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs a) {
+    MLA_TRACE_AT(kTraceDecode, kTraceDecodeEntry);
+    grid_dependency_wait();
+    MLA_TRACE_AT(kTraceDecode, kTraceDecodeWaitDone);
+    extern __shared__ __align__(128) uint8_t smem[];
+    const SmemPlan<C> sm(smem);
+    float4* part_s = sm.partials();
+
+    const Lens lens{a.lens, a.max_len};
+    const int m_tile = blockIdx.x;
+    const int part = blockIdx.y;
+    // This part's tiles [lo, hi) and its first request and tile, from the lengths.
+    const PartPos pp =
+        find_part<C::kThreads>(a, lens, part, a.check_lens && blockIdx.x == 0 && blockIdx.y == 0, sm.scratch());
+    MLA_TRACE_AT(kTraceDecode, kTracePartFound);
+    if (pp.lo >= pp.total) return;
+    const int lo = pp.lo, hi = pp.hi, first_req = pp.first_req, first_j = pp.first_j;
+    if (a.pdl & MLA_PDL_TRIGGER_AT_START) grid_dependents_launch();
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, tq = lane & 3;
+    const int mat = lane >> 3, mrow = lane & 7;
+    const int nh = warp % C::kSplitN, kh = warp / C::kSplitN;
+
+    // Two tiles in flight while the CTA waits: tile x+2 is issued into tile x's stage as
+    // soon as tile x is computed, so at the wait for x+1, x+2 is already loading. Its Q
+    // rows would overwrite q_s before x+1 read them when x+1 and x+2 both start segments;
+    // then x+2 is issued at the top of iteration x+1 instead (after the Q read), as is the
+    // first tile of a part's second segment. `ahead`: tile x+1's group is already committed.
+    Cursor cc{first_req, first_j, lens.len(first_req)};
+    load_tile<C, kSparse>(a, cc, resolve_row<C, kSparse>(a, cc), sm.kv(0), sm.valid(0));
+    if constexpr (C::kQInSmem) load_q_smem<C, kSparse>(a, cc.b, m_tile, sm.q());
+    cp_async_commit();
+    Cursor nc = cc;  // the next tile, its rows resolved one iteration ahead
+    RowRaw nraw{0};
+    bool ahead = false;
+    if (lo + 1 < hi) {
+        nc.advance(lens);
+        nraw = resolve_row<C, kSparse>(a, nc);
+        if (nc.j != 0) {  // same segment: no Q to load
+            load_tile<C, kSparse>(a, nc, nraw, sm.kv(1), sm.valid(1));
+            cp_async_commit();
+            ahead = true;
+        }
+    }
+
+    constexpr int kMT = C::kMTiles;
+    float o[kMT][C::kONTiles][4];
+    float m_run[kMT][2], l_run[kMT][2];
+    uint32_t qf[kMT][C::kSKSteps][4];
+    int seg_j0 = cc.j;
+    bool seg_start = true;
+
+    for (int x = lo; x < hi; ++x) {
+        const int stage = (x - lo) & 1;
+        uint8_t* kv_cur = sm.kv(stage);
+        // sm.valid(stage), written out: through the accessor here the compiler orders the loop
+        // differently (other registers on sm_120)
+        const int32_t* valid_cur = sm.valid_ + stage * C::kBlockN;
+        if (ahead) {
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (x == lo) MLA_TRACE_AT(kTraceDecode, kTraceFirstTileIn);
+        if (x + 1 == hi) MLA_TRACE_AT(kTraceDecode, kTraceLastTileIn);
+        // Every trigger must come after this CTA's grid_dependency_wait(): combine_kernel
+        // reads the lengths before its own wait, relying on that.
+        if ((a.pdl & MLA_PDL_TRIGGER_AT_LAST_TILE) && x + 1 == hi) grid_dependents_launch();
+
+        if (seg_start) {
+            if constexpr (C::kQInSmem) {
+                const uint32_t q_base = smem_u32(sm.q());
+#pragma unroll
+                for (int ks = 0; ks < C::kSKSteps; ++ks) {
+                    const int kk = kh * C::kSKSteps + ks;
+                    ldmatrix_x4(qf[0][ks], q_base + swz((mat & 1) * 8 + mrow, kk * 2 + (mat >> 1)) * 16);
+                }
+            } else {
+                load_q_frags<C, kSparse>(a, cc.b, m_tile, kh, qf);
+            }
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf) {
+                    m_run[mt][hf] = -INFINITY;
+                    l_run[mt][hf] = 0.f;
+                }
+#pragma unroll
+                for (int n = 0; n < C::kONTiles; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+            }
+            seg_j0 = cc.j;
+        }
+
+        // Tile x+1, unless already issued, into the other stage (freed by the barrier
+        // above); the table entries of tile x+2, issued at the end of this iteration.
+        Cursor n2 = nc;
+        RowRaw n2raw{0};
+        const bool next_seg = x + 1 < hi && nc.j == 0;
+        if (x + 1 < hi && !ahead) {
+            if (C::kQInSmem && seg_start && next_seg) __syncthreads();  // q_s was just read: let every warp finish
+            load_tile<C, kSparse>(a, nc, nraw, sm.kv(stage ^ 1), sm.valid(stage ^ 1));
+            if (C::kQInSmem && next_seg) load_q_smem<C, kSparse>(a, nc.b, m_tile, sm.q());
+            cp_async_commit();
+        }
+        if (x + 2 < hi) {
+            n2.advance(lens);
+            n2raw = resolve_row<C, kSparse>(a, n2);
+        }
+
+        // ---- S = Q K^T: this warp's 16 rows x 16 cache rows over its 288 dims ----
+        const uint32_t kv_base = smem_u32(kv_cur);
+        {
+            // two accumulator parities per (m-tile, n8 tile) with one m-tile (shorter chains),
+            // one with two (the two m-tiles already interleave)
+            constexpr int kPar = kMT == 1 ? 2 : 1;
+            float sacc[kMT][2][kPar][4];
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                for (int n = 0; n < 2; ++n)
+#pragma unroll
+                    for (int par = 0; par < kPar; ++par)
+                        sacc[mt][n][par][0] = sacc[mt][n][par][1] = sacc[mt][n][par][2] = sacc[mt][n][par][3] = 0.f;
+            const int krow = nh * 16 + (mat >> 1) * 8 + mrow;
+#pragma unroll
+            for (int ks = 0; ks < C::kSKSteps; ++ks) {
+                const int kk = kh * C::kSKSteps + ks;
+                uint32_t bfr[4];
+                ldmatrix_x4(bfr, kv_base + swz(krow, kk * 2 + (mat & 1)) * 16);
+#pragma unroll
+                for (int mt = 0; mt < kMT; ++mt) {
+                    mma16816<T>(sacc[mt][0][ks % kPar], qf[mt][ks], bfr[0], bfr[1]);
+                    mma16816<T>(sacc[mt][1][ks % kPar], qf[mt][ks], bfr[2], bfr[3]);
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                for (int n = 0; n < 2; ++n) {
+                    float4 v = make_float4(sacc[mt][n][0][0], sacc[mt][n][0][1], sacc[mt][n][0][2], sacc[mt][n][0][3]);
+                    if constexpr (kPar == 2) {
+                        v.x += sacc[mt][n][1][0];
+                        v.y += sacc[mt][n][1][1];
+                        v.z += sacc[mt][n][1][2];
+                        v.w += sacc[mt][n][1][3];
+                    }
+                    part_s[((warp * kMT + mt) * 2 + n) * 32 + lane] = v;
+                }
+        }
+        __syncthreads();
+        if constexpr (C::kSplitK == 4) {
+            // Sum the four k-quarter partials in place: a unit is one half (rows g or g+8) of
+            // one (n-half, m-tile, n8 tile) fragment; warp w adds up units w, w+8, ...,
+            // quarters in order, into quarter 0's slot.
+#pragma unroll
+            for (int u = warp; u < 2 * 2 * kMT * 2; u += C::kWarps) {
+                const int h = u & 1, n = (u >> 1) & 1, mt = (u >> 2) % kMT, nhu = (u >> 2) / kMT;
+                float2* p = reinterpret_cast<float2*>(part_s + ((nhu * kMT + mt) * 2 + n) * 32 + lane) + h;
+                float2 acc = *p;
+#pragma unroll
+                for (int q = 1; q < 4; ++q) {
+                    // warp nhu + q*kSplitN, same m-tile and n8 tile
+                    const float2 u2 = *(p + q * C::kSplitN * kMT * 2 * 32 * 2);
+                    acc.x += u2.x;
+                    acc.y += u2.y;
+                }
+                *p = acc;
+            }
+            __syncthreads();
+        }
+        if (x == lo) MLA_TRACE_AT(kTraceDecode, kTraceFirstSDone);
+
+        // ---- full S (every warp, same order: identical in all warps), mask, online softmax ----
+        float s[kMT][4][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int jn = 0; jn < 4; ++jn) {
+                const int nhj = jn >> 1, ntl = jn & 1;
+                const float4 p0 = part_s[((nhj * kMT + mt) * 2 + ntl) * 32 + lane];
+                if constexpr (C::kSplitK == 2) {
+                    const float4 p1 = part_s[(((nhj + C::kSplitN) * kMT + mt) * 2 + ntl) * 32 + lane];
+                    s[mt][jn][0] = p0.x + p1.x;
+                    s[mt][jn][1] = p0.y + p1.y;
+                    s[mt][jn][2] = p0.z + p1.z;
+                    s[mt][jn][3] = p0.w + p1.w;
+                } else {
+                    s[mt][jn][0] = p0.x;
+                    s[mt][jn][1] = p0.y;
+                    s[mt][jn][2] = p0.z;
+                    s[mt][jn][3] = p0.w;
+                }
+            }
+        const int pos0 = cc.j << kTileShift;
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+            float alpha[2];
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                // Causal limit of query row m (dense MTP): position i of q_len sees cache rows
+                // < len - q_len + i + 1 (recomputed per tile: no registers held across the loop).
+                const int row_lim =
+                    kSparse ? 0x7fffffff
+                            : cc.len - a.q_len + 1 + (m_tile * C::kBlockM + mt * 16 + g + 8 * hf) / a.num_heads;
+                float mx = -INFINITY;
+#pragma unroll
+                for (int jn = 0; jn < 4; ++jn)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int col = jn * 8 + 2 * tq + e;
+                        const bool ok = valid_cur[col] != 0 && pos0 + col < row_lim;
+                        const float v = ok ? s[mt][jn][hf * 2 + e] * a.scale_log2 : -INFINITY;
+                        s[mt][jn][hf * 2 + e] = v;
+                        mx = fmaxf(mx, v);
+                    }
+                mx = warp_max4(mx);
+                const float m_new = fmaxf(m_run[mt][hf], mx);
+                const float base = (m_new == -INFINITY) ? 0.f : m_new;
+                alpha[hf] = fast_exp2(m_run[mt][hf] - base);  // m_run = -inf -> 0
+                float sum = 0.f;
+#pragma unroll
+                for (int jn = 0; jn < 4; ++jn)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float pe = fast_exp2(s[mt][jn][hf * 2 + e] - base);
+                        s[mt][jn][hf * 2 + e] = pe;
+                        sum += pe;
+                    }
+                l_run[mt][hf] = l_run[mt][hf] * alpha[hf] + sum;
+                m_run[mt][hf] = m_new;
+            }
+            if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // the running max moved
+#pragma unroll
+                for (int n = 0; n < C::kONTiles; ++n) {
+                    o[mt][n][0] *= alpha[0];
+                    o[mt][n][1] *= alpha[0];
+                    o[mt][n][2] *= alpha[1];
+                    o[mt][n][3] *= alpha[1];
+                }
+            }
+        }
+
+        // ---- O += P V over this warp's output dims (each V fragment serves every m-tile) ----
+#pragma unroll
+        for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
+            uint32_t pa[kMT][4];
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+                pa[mt][0] = Elem<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                pa[mt][1] = Elem<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                pa[mt][2] = Elem<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                pa[mt][3] = Elem<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
+            const int vrow = kk * 16 + (mat & 1) * 8 + mrow;
+#pragma unroll
+            for (int pr = 0; pr < C::kONTiles / 2; ++pr) {
+                uint32_t bfr[4];
+                ldmatrix_x4_trans(bfr, kv_base + swz(vrow, (warp * C::kODims + pr * 16) / 8 + (mat >> 1)) * 16);
+#pragma unroll
+                for (int mt = 0; mt < kMT; ++mt) {
+                    mma16816<T>(o[mt][2 * pr], pa[mt], bfr[0], bfr[1]);
+                    mma16816<T>(o[mt][2 * pr + 1], pa[mt], bfr[2], bfr[3]);
+                }
+            }
+        }
+
+        if (x == lo) MLA_TRACE_AT(kTraceDecode, kTraceFirstPvDone);
+        // ---- end of a segment: normalize and write ----
+        const bool seg_end = (x + 1 == hi) || (cc.j + 1 == cc.ntiles());
+        if (seg_end) {
+            const bool whole = (seg_j0 == 0) && (cc.j + 1 == cc.ntiles());
+            const int slot = ws_slot(part, cc.b == first_req ? 0 : 1);
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf) {
+                    const float l = warp_sum4(l_run[mt][hf]);
+                    const float inv = l > 0.f ? fast_rcp(l) : 0.f;
+                    const float lse2 = l > 0.f ? m_run[mt][hf] + fast_log2(l) : -INFINITY;
+                    const int m = m_tile * C::kBlockM + mt * 16 + g + 8 * hf;
+                    if (m < a.m_rows) {
+                        if (whole) {
+                            int token, head;
+                            row_token_head<kSparse>(a, cc.b, m, token, head);
+                            T* dst = reinterpret_cast<T*>(a.out) + token * a.out_ts + head * a.out_hs + warp * C::kODims + 2 * tq;
+#pragma unroll
+                            for (int n = 0; n < C::kONTiles; ++n) {
+                                *reinterpret_cast<uint32_t*>(dst + n * 8) =
+                                    Elem<T>::pack(o[mt][n][2 * hf] * inv, o[mt][n][2 * hf + 1] * inv);
+                            }
+                            if (warp == 0 && tq == 0 && a.lse != nullptr) {
+                                a.lse[token * a.lse_ts + head * a.lse_hs] = lse2 * kLn2;
+                            }
+                        } else {
+                            const size_t row = static_cast<size_t>(slot) * a.m_rows + m;
+                            float* dst = a.ws_o + row * kLatentDim + warp * C::kODims + 2 * tq;
+#pragma unroll
+                            for (int n = 0; n < C::kONTiles; ++n) {
+                                *reinterpret_cast<float2*>(dst + n * 8) =
+                                    make_float2(o[mt][n][2 * hf] * inv, o[mt][n][2 * hf + 1] * inv);
+                            }
+                            if (warp == 0 && tq == 0) a.ws_lse[row] = lse2;
+                        }
+                    }
+                }
+        }
+        // Tile x+2 into this stage once every warp is done with it (and with q_s).
+        bool ahead_next = false;
+        if (x + 2 < hi && !(C::kQInSmem && next_seg && n2.j == 0)) {
+            __syncthreads();
+            load_tile<C, kSparse>(a, n2, n2raw, kv_cur, sm.valid(stage));
+            if (C::kQInSmem && n2.j == 0) load_q_smem<C, kSparse>(a, n2.b, m_tile, sm.q());
+            cp_async_commit();
+            ahead_next = true;
+        }
+        cc = nc;
+        nc = n2;
+        nraw = n2raw;
+        seg_start = next_seg;
+        ahead = ahead_next;
+    }
+    cp_async_wait<0>();
+    MLA_TRACE_AT(kTraceDecode, kTraceDecodeEnd);
+}
+
+}  // namespace mla

@@ -1,0 +1,17 @@
+// What decode/decode.cu, the translation unit that instantiates and launches the decode
+// kernels, provides to the schedule (decode/schedule.cu): kernel attributes and occupancy
+// belong to the instantiations that are launched, so they are asked for there.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace mla {
+
+// Lets every decode kernel instantiation request up to `bytes` of dynamic shared memory.
+cudaError_t decode_allow_smem(int bytes);
+
+// Resident CTAs per SM of the decode kernel in configuration (warps, block_m) (config.cuh's
+// with_config) when it requests `smem` bytes of dynamic shared memory.
+cudaError_t decode_ctas_per_sm(int warps, int block_m, int smem, int* ctas);
+
+}  // namespace mla

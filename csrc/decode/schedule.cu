@@ -1,0 +1,118 @@
+// The schedule: mla_schedule_init picks the tile configuration, the grid and the split's
+// parameters from the shape (and the caller's tuning overrides), and mla_workspace_bytes sizes
+// the split workspace. Host code only: the kernels' attributes and occupancy are asked of
+// decode/decode.cu, which launches them (decode/launch.cuh).
+#include "common/constants.cuh"
+#include "common/status.cuh"
+#include "decode/config.cuh"
+#include "decode/launch.cuh"
+#include "decode/split.cuh"
+
+using namespace mla;
+
+namespace {
+
+// Dynamic shared memory a configuration requests (padded in sm120-occupancy mode so that
+// an SM holds as many CTAs as an sm_120 SM) and the CTAs per SM that then fit.
+template <typename C>
+mla_status_t config_fit(bool sm120_occupancy, int smem_per_sm, int optin, int* smem_out, int* ctas_out) {
+    int smem = C::kSmemBytes;
+    if (smem > optin) return MLA_STATUS_UNSUPPORTED;
+    if (sm120_occupancy) {
+        // As many CTAs per SM as sm_120 holds (100 KB per SM, 1 KB reserved per CTA).
+        const int sm120_ctas = kSm120SmemPerSm / (C::kSmemBytes + 1024);
+        int padded = smem_per_sm / (sm120_ctas + 1) - 1024 + 16;
+        padded = (padded + 15) & ~15;
+        smem = padded > smem ? padded : smem;
+        if (smem > optin) smem = optin;
+    }
+    int ctas = 0;
+    MLA_CUDA_TRY(decode_ctas_per_sm(C::kWarps, C::kBlockM, smem, &ctas));
+    if (ctas < 1) return MLA_STATUS_UNSUPPORTED;
+    *smem_out = smem;
+    *ctas_out = ctas;
+    return MLA_STATUS_OK;
+}
+
+}  // namespace
+
+extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int32_t q_len, int32_t num_heads,
+                                          int32_t max_len, const mla_tuning_t* tuning) {
+    MLA_REQUIRE(s != nullptr);
+    MLA_REQUIRE(batch >= 1 && q_len >= 1 && q_len <= MLA_MAX_Q_LEN && num_heads >= 1 && num_heads <= MLA_MAX_HEADS);
+    MLA_REQUIRE(max_len >= 1 && max_len <= 0x7fffffff - 31);
+    const mla_tuning_t tune = tuning != nullptr ? *tuning : mla_tuning_t{};
+    MLA_REQUIRE(tune.warps == 0 || tune.warps == 4 || tune.warps == 8);
+    MLA_REQUIRE(tune.block_m == 0 || tune.block_m == 16 || (tune.block_m == 32 && tune.warps != 4));
+    MLA_REQUIRE(tune.pdl == MLA_PDL_OFF || (tune.pdl >= 0 && (tune.pdl & ~MLA_PDL_ALL) == 0));
+    MLA_REQUIRE(tune.combine_slices == 0 || tune.combine_slices == 1 || tune.combine_slices == 4);
+    MLA_REQUIRE(tune.min_chunk >= 0);
+    const bool sm120_occupancy = tune.sm120_occupancy != 0;
+    // the split counts 32-row tiles of all requests (at max_len) in int32
+    const int64_t all_tiles = static_cast<int64_t>(batch) * ((static_cast<int64_t>(max_len) + Cfg::kBlockN - 1) / Cfg::kBlockN);
+    MLA_REQUIRE(all_tiles <= 0x7fffffffLL);
+    int dev = 0;
+    MLA_CUDA_TRY(cudaGetDevice(&dev));
+    int sm_count = 0, smem_per_sm = 0, optin = 0, major = 0;
+    MLA_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    MLA_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, dev));
+    MLA_CUDA_TRY(cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    MLA_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    // Allow the device maximum once: schedules with and without the sm120 padding then
+    // coexist (each launch requests its own smem_bytes).
+    MLA_CUDA_TRY(decode_allow_smem(optin));
+    // The configuration (log #26, #28): with at least 32 query rows and room for only one
+    // 4-warp CTA per SM (sm_120; the H200 in sm120-occupancy mode), 32 rows per 8-warp CTA
+    // (each K and V fragment serves two m-tiles); else 8 warps per CTA when the step has at
+    // most two tiles per SM (b=1, t=1: every CTA has an SM to itself either way, and 8 warps
+    // finish its tiles sooner); else 4 warps, two CTAs per H200 SM.
+    const int64_t max_tiles = all_tiles * ((static_cast<int64_t>(q_len) * num_heads + Cfg::kBlockM - 1) / Cfg::kBlockM);
+    int smem = 0, ctas = 0;
+    mla_status_t fit = config_fit<Cfg>(sm120_occupancy, smem_per_sm, optin, &smem, &ctas);
+    if (fit != MLA_STATUS_OK) return fit;
+    int block_m = q_len * num_heads >= 32 && ctas == 1 && tune.warps != 4 ? 32 : 16;
+    if (tune.block_m != 0) block_m = tune.block_m;
+    int warps = block_m == 32 || max_tiles <= 2LL * sm_count ? 8 : 4;
+    if (tune.warps != 0) warps = tune.warps;
+    fit = with_config(warps, block_m, [&](auto c) {
+        return config_fit<decltype(c)>(sm120_occupancy, smem_per_sm, optin, &smem, &ctas);
+    });
+    if (fit != MLA_STATUS_OK) return fit;
+    const int m_rows = q_len * num_heads;
+    const int m_tiles = (m_rows + block_m - 1) / block_m;
+    const int target = sm_count * ctas;
+    int parts = (target + m_tiles - 1) / m_tiles;
+    if (parts < 1) parts = 1;
+    *s = mla_schedule_t{};
+    s->batch = batch;
+    s->q_len = q_len;
+    s->num_heads = num_heads;
+    s->max_len = max_len;
+    s->num_m_tiles = m_tiles;
+    s->num_parts = parts;
+    s->smem_bytes = smem;
+    s->ctas_per_sm = ctas;
+    s->sm_count = sm_count;
+    s->sm120_occupancy = sm120_occupancy ? 1 : 0;
+    s->device = dev;
+    mla_schedule_internal_t& in = s->internal;
+    in.warps = warps;
+    in.block_m = block_m;
+    // Programmatic dependent launch (sm_90+), MLA_PDL_DEFAULT = the launch attribute (the
+    // combine's launch overlaps decode) + each decode CTA lets the combine be scheduled when
+    // it starts its last tile (docs/PERFORMANCE.md log #20: that hides part of the combine's
+    // launch; the trigger at the start lets combine CTAs sit resident and slows long single
+    // sequences, logs #9, #16).
+    const int pdl = tune.pdl == 0 ? MLA_PDL_DEFAULT : (tune.pdl == MLA_PDL_OFF ? 0 : tune.pdl);
+    in.pdl = major >= 9 ? pdl : 0;
+    // Parts of one tile when every tile can have a CTA of its own (t=1, b=1: the second
+    // tile's compute leaves the critical path; log #27), else at least kMinChunkTiles.
+    in.min_chunk = tune.min_chunk != 0 ? tune.min_chunk : (max_tiles <= sm_count ? 1 : kMinChunkTiles);
+    in.combine_slices = tune.combine_slices != 0 ? tune.combine_slices : combine_slices(s);
+    return MLA_STATUS_OK;
+}
+
+extern "C" size_t mla_workspace_bytes(const mla_schedule_t* s) {
+    if (s == nullptr) return 0;
+    return ws_bytes(s->num_parts, s->q_len * s->num_heads);
+}

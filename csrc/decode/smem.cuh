@@ -1,0 +1,59 @@
+// The decode kernel's dynamic shared memory as a typed plan: where each buffer of
+// configuration C lies (sizes from TileConfig; offsets are compile-time constants, only the
+// base is a pointer). The layout, in bytes from the base (128-byte aligned):
+//
+//   [kv stage 0 | kv stage 1 | Q tile (kQInSmem only) | S partials | valid flags, per stage]
+//
+//   - kv stage s: the kBlockN cache rows of the tile in stage s, as the row format stages
+//     them (f16/bf16: 1,152-byte rows of swizzled 16-byte chunks);
+//   - Q tile: the CTA's kBlockM query rows, staged like cache rows, at segment starts;
+//   - S partials: each warp's S fragments (float4 per lane), summed across the warps that
+//     split the QK width; before the first tile's S they are find_part's scratch;
+//   - valid flags: one int per tile row and stage, 0 where the row is masked (past the
+//     length, a bad block id or slot id) and was zero-filled.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "decode/config.cuh"
+#include "decode/split.cuh"
+
+namespace mla {
+
+template <typename C>
+struct SmemPlan {
+    static constexpr int kKvOffset = 0;
+    static constexpr int kQOffset = kKvOffset + C::kStages * C::kKvStageBytes;
+    static constexpr int kPartialOffset = kQOffset + C::kQBytes;
+    static constexpr int kValidOffset = kPartialOffset + C::kPartialBytes;
+    static constexpr int kBytes = kValidOffset + C::kValidBytes;
+    static_assert(kBytes == C::kSmemBytes, "the plan covers every buffer TileConfig counts");
+    static_assert(kPartialOffset % 16 == 0 && kValidOffset % 16 == 0, "float4 partials, aligned flags");
+    static_assert(C::kPartialBytes >= PartScratch::kInts * 4, "find_part's scratch fits in the S partials");
+
+    // The buffers' addresses (the offsets above from the base).
+    uint8_t* kv_;
+    uint8_t* q_;
+    float4* part_;
+    int32_t* valid_;
+
+    __device__ __forceinline__ explicit SmemPlan(uint8_t* base)
+        : kv_(base + kKvOffset),
+          q_(base + kQOffset),
+          part_(reinterpret_cast<float4*>(base + kPartialOffset)),
+          valid_(reinterpret_cast<int32_t*>(base + kValidOffset)) {}
+
+    // The tile rows of stage s.
+    __device__ __forceinline__ uint8_t* kv(int stage) const { return kv_ + stage * C::kKvStageBytes; }
+    // The Q tile (configurations with kQInSmem).
+    __device__ __forceinline__ uint8_t* q() const { return q_; }
+    // The S partials: fragment f of lane l at partials()[f * 32 + l].
+    __device__ __forceinline__ float4* partials() const { return part_; }
+    // find_part's scratch (free until the first tile's S).
+    __device__ __forceinline__ int* scratch() const { return reinterpret_cast<int*>(part_); }
+    // The valid flags of stage s's kBlockN rows.
+    __device__ __forceinline__ int32_t* valid(int stage) const { return valid_ + stage * C::kBlockN; }
+};
+
+}  // namespace mla

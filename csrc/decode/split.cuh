@@ -1,0 +1,317 @@
+// The split: the one definition of how a decode call's work is cut into parts (used by the
+// host, by every decode CTA and by every combine CTA), and of where split pieces go.
+//
+// Work decomposition (flash-decoding, FlashMLA-style flattened schedule):
+//   - A "request" is a dense sequence b (q_len query tokens) or a sparse token t.
+//   - Its cache rows are cut into tiles of kBlockN rows; a request with no rows still
+//     gets one (fully masked) tile, so that decode_kernel writes its zeros and -inf. All
+//     requests' tiles are laid end to end and each of num_parts parts gets `chunk`
+//     consecutive tiles, so one part may cover the end of one request and the start of the
+//     next. There is no plan buffer: every CTA derives its part from the lengths (find_part).
+//   - CTA (m_tile, part) runs the query rows [kBlockM*m_tile, +kBlockM) of every request
+//     its part touches (kBlockM = 16, or 32 in the many-head configuration), streaming the
+//     tiles through a cp.async double buffer with two tiles in flight. A request
+//     that lies wholly inside one part is written straight to `out`; the pieces of a
+//     split request go to the workspace (slot 2*part for the part's first request,
+//     2*part+1 for its last) and combine_kernel merges them in part order (deterministic).
+//   - Three tile configurations (TileConfig<warps, m-tiles>), picked per shape by
+//     mla_schedule_init: 4 warps x 16 rows (streaming; two CTAs per H200 SM), 8 warps x 16
+//     rows (steps of a few tiles per SM), 8 warps x 32 rows (many heads where one CTA fills
+//     an SM, i.e. sm_120).
+#pragma once
+
+#include <stddef.h>
+
+#include "common/constants.cuh"
+#include "common/fastdiv.cuh"
+#include "common/fault.cuh"
+#include "decode/args.cuh"
+#include "decode/config.cuh"
+
+namespace mla {
+
+// ---- the split, derived in every CTA from the lengths ---------------------------------
+// Request b has len(b) = clamp(lens[b], 0, max_len) cache rows (max_len when lens is NULL)
+// and tiles(b) = max(1, ceil(len(b) / 32)) tiles. The T tiles of all requests are cut into
+// parts of chunk = max(ceil(T / num_parts), min_chunk) tiles. A request covered by
+// more than one part is "split": its pieces go to the workspace and combine_kernel merges
+// them; a split request contains a part boundary, so there are at most
+// min(parts - 1, batch) of them.
+__host__ __device__ inline int max_splits(int batch, int parts) {
+    const int m = parts - 1 < batch ? parts - 1 : batch;
+    return m > 1 ? m : 1;
+}
+// parts: a FastDiv of num_parts (the division is on every CTA's critical path).
+__host__ __device__ __forceinline__ int split_chunk(int total, const FastDiv& parts, int min_chunk) {
+    const int q = parts.div(total);
+    const int chunk = q + (total != q * parts.d ? 1 : 0);  // no total + parts overflow
+    return chunk > min_chunk ? chunk : min_chunk;
+}
+// First tile of `part` (int64: part * chunk may pass INT_MAX), or total if it has none.
+__device__ __forceinline__ int part_lo(int part, int chunk, int total) {
+    const int64_t lo = static_cast<int64_t>(part) * chunk;
+    return lo < total ? static_cast<int>(lo) : total;
+}
+
+struct Lens {
+    const int32_t* p;  // NULL: every request has max_len rows
+    int max_len;
+    __device__ int raw(int b) const { return p ? p[b] : max_len; }
+    __device__ static int clamp(int raw, int max_len) { return min(max(raw, 0), max_len); }
+    __host__ __device__ static int tiles_of(int len) {
+        const int t = (len + Cfg::kBlockN - 1) >> kTileShift;
+        return t > 1 ? t : 1;
+    }
+    __device__ int len(int b) const { return clamp(raw(b), max_len); }
+    __device__ int tiles(int b) const { return tiles_of(len(b)); }
+    // tiles(b) (p != NULL), recording a negative or too-large length in flag when record.
+    __device__ int tiles_checked(int b, bool record, uint32_t* flag) const {
+        const int r = p[b];
+        if (record && r < 0) record_fault(flag, MLA_FAULT_NEGATIVE_SEQ_LEN, b, r);
+        if (record && r > max_len) record_fault(flag, MLA_FAULT_SEQ_LEN_TOO_LARGE, b, r);
+        return tiles_of(clamp(r, max_len));
+    }
+};
+
+// Inclusive sum over the CTA's kThreads threads (every thread calls it); scratch holds
+// kThreads / 32 ints. Returns the inclusive prefix; *total gets the CTA's sum.
+template <int kThreads>
+__device__ __forceinline__ int block_inclusive_sum(int v, int* scratch, int* total) {
+    constexpr int kW = kThreads / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const int u = __shfl_up_sync(0xffffffffu, v, d);
+        if (lane >= d) v += u;
+    }
+    if (lane == 31) scratch[warp] = v;
+    __syncthreads();
+    int before = 0, sum = 0;
+#pragma unroll
+    for (int w = 0; w < kW; ++w) {
+        const int t = scratch[w];
+        before += w < warp ? t : 0;
+        sum += t;
+    }
+    __syncthreads();  // scratch is reused by the next call
+    *total = sum;
+    return v + before;
+}
+
+// Total tiles of all requests (every thread calls it; coalesced loads of the lengths).
+// With record, a negative or too-large length records a fault.
+template <int kThreads>
+__device__ __forceinline__ int total_tiles(const DecodeArgs& a, const Lens& lens, bool record, int* scratch) {
+    if (lens.p == nullptr) return a.batch * Lens::tiles_of(lens.max_len);
+    int sum = 0;
+    for (int b = threadIdx.x; b < a.batch; b += kThreads) sum += lens.tiles_checked(b, record, a.flag);
+    int total;
+    block_inclusive_sum<kThreads>(sum, scratch, &total);
+    return total;
+}
+
+// Walks the requests kThreads at a time (a block scan each, in request order): every
+// thread calls f(valid, b, first tile of b, tiles of b) for request b = base + thread
+// (valid: b < batch; f may itself call block-wide functions) until some thread's f
+// returns true; returns whether one did. Every thread calls it.
+template <int kThreads, typename F>
+__device__ __forceinline__ bool scan_requests(const DecodeArgs& a, const Lens& lens, int* scratch, F f) {
+    int carry = 0;
+    for (int base = 0; base < a.batch; base += kThreads) {
+        const int b = base + threadIdx.x;
+        const bool valid = b < a.batch;
+        const int t = valid ? lens.tiles(b) : 0;
+        int sum;
+        const int incl = block_inclusive_sum<kThreads>(t, scratch, &sum);
+        const bool hit = f(valid, b, carry + incl - t, t);
+        if (__syncthreads_or(hit)) return true;
+        carry += sum;
+    }
+    return false;
+}
+
+// Where this CTA's part starts: its tiles [lo, hi) of the split, and the request and tile
+// of lo (every thread calls it; valid only when lo < total). One request per thread and a
+// single block scan when batch <= kThreads (the common case), else a pass for the total and
+// a walk over the requests; a closed form when lens is NULL.
+struct PartPos {
+    int total, lo, hi, first_req, first_j;
+};
+
+// find_part's shared scratch (ints): the scans' warp sums in [0, 32) (a CTA has at most 32
+// warps), then where the part starts, written by the thread that finds it.
+struct PartScratch {
+    static constexpr int kFirstReq = 32;   // the part's first request
+    static constexpr int kFirstTile = 33;  // its first tile within that request
+    static constexpr int kInts = 34;
+};
+
+template <int kThreads>
+__device__ __forceinline__ PartPos find_part(const DecodeArgs& a, const Lens& lens, int part, bool record,
+                                             int* scratch) {
+    PartPos p;
+    int chunk;
+    if (lens.p == nullptr) {  // everything but the part's position was computed on the host
+        p.total = a.closed_total;
+        p.lo = part_lo(part, a.closed_chunk.d, p.total);
+        p.first_req = a.closed_tiles.div(p.lo);
+        p.first_j = p.lo - p.first_req * a.closed_tiles.d;
+        p.hi = p.lo + min(a.closed_chunk.d, p.total - p.lo);
+        return p;
+    } else if (a.batch <= kThreads) {
+        const int b = threadIdx.x;
+        const int t = b < a.batch ? lens.tiles_checked(b, record, a.flag) : 0;
+        const int incl = block_inclusive_sum<kThreads>(t, scratch, &p.total);
+        chunk = split_chunk(p.total, a.parts_div, a.min_chunk);
+        p.lo = part_lo(part, chunk, p.total);
+        if (b < a.batch && incl - t <= p.lo && p.lo < incl) {
+            scratch[PartScratch::kFirstReq] = b;
+            scratch[PartScratch::kFirstTile] = p.lo - (incl - t);
+        }
+        __syncthreads();
+        p.first_req = scratch[PartScratch::kFirstReq];
+        p.first_j = scratch[PartScratch::kFirstTile];
+        __syncthreads();  // the caller reuses scratch
+    } else {
+        p.total = total_tiles<kThreads>(a, lens, record, scratch);
+        chunk = split_chunk(p.total, a.parts_div, a.min_chunk);
+        p.lo = part_lo(part, chunk, p.total);
+        p.first_req = p.first_j = 0;
+        if (p.lo < p.total) {
+            const int lo = p.lo;
+            scan_requests<kThreads>(a, lens, scratch, [&](bool valid, int b, int start, int t) {
+                const bool mine = valid && start <= lo && lo < start + t;
+                if (mine) {
+                    scratch[PartScratch::kFirstReq] = b;
+                    scratch[PartScratch::kFirstTile] = lo - start;
+                }
+                return mine;
+            });
+            p.first_req = scratch[PartScratch::kFirstReq];
+            p.first_j = scratch[PartScratch::kFirstTile];
+            __syncthreads();
+        }
+    }
+    p.hi = p.lo + min(chunk, p.total - p.lo);
+    return p;
+}
+
+// What find_split reports about a split request (indices into its `found`).
+enum SplitFound : int {
+    kFoundReq = 0,    // the request
+    kFoundFirst = 1,  // its first part
+    kFoundLast = 2,   // its last part
+    kFoundTail = 3,   // 1 if it is not its first part's first request (its piece there is in slot 2q + 1)
+    kFoundInts = 4,
+};
+// find_split's shared scratch: two scans' warp sums.
+template <int kThreads>
+constexpr int split_scratch_ints() {
+    return 2 * (kThreads / 32);
+}
+
+// The k-th split request in request order (as decode splits them): into found[SplitFound];
+// false if there are at most k. Every thread calls it; scratch holds
+// split_scratch_ints<kThreads>() ints.
+template <int kThreads>
+__device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens, int k, int* scratch, int* found) {
+    constexpr int kW = kThreads / 32;
+    // first and last part of request b (tiles [start, start + t)): a FastDiv when the chunk
+    // is known on the host (closed form), else an unsigned division
+    auto part_of = [&](int tile, int chunk) {
+        return lens.p == nullptr ? a.closed_chunk.div(tile)
+                                 : static_cast<int>(static_cast<uint32_t>(tile) / static_cast<uint32_t>(chunk));
+    };
+    auto check = [&](bool valid, int b, int start, int t, int chunk, int& count) {
+        const int first = part_of(start, chunk), last = part_of(start + t - 1, chunk);
+        const int split = valid && first != last ? 1 : 0;
+        int n;
+        const int idx = count + block_inclusive_sum<kThreads>(split, scratch + kW, &n) - split;
+        count += n;
+        const bool mine = split && idx == k;
+        if (mine) {
+            found[kFoundReq] = b;
+            found[kFoundFirst] = first;
+            found[kFoundLast] = last;
+            found[kFoundTail] = start != first * chunk ? 1 : 0;
+        }
+        return mine;
+    };
+    int count = 0;
+    if (a.batch <= kThreads) {  // one request per thread: a scan for the tiles, one for the splits
+        const int b = threadIdx.x;
+        const bool valid = b < a.batch;
+        const int t = valid ? lens.tiles(b) : 0;
+        int total;
+        const int incl = block_inclusive_sum<kThreads>(t, scratch, &total);
+        const int chunk = lens.p == nullptr ? a.closed_chunk.d : split_chunk(total, a.parts_div, a.min_chunk);
+        return __syncthreads_or(check(valid, b, incl - t, t, chunk, count));
+    }
+    const int chunk = lens.p == nullptr ? a.closed_chunk.d
+                                        : split_chunk(total_tiles<kThreads>(a, lens, false, scratch), a.parts_div, a.min_chunk);
+    return scan_requests<kThreads>(a, lens, scratch, [&](bool valid, int b, int start, int t) {
+        return check(valid, b, start, t, chunk, count);
+    });
+}
+
+// ---- the workspace: where the pieces of split requests go -------------------------------
+// Part p writes its piece of the first request it touches to slot 2p and its piece of the
+// last one to slot 2p + 1 (only pieces of split requests; a request that lies wholly inside
+// one part is written straight to `out`). A slot has a row per query row m:
+//   ws_o   [2 * parts][m_rows][512] fp32: the piece's output, normalized by its own sum;
+//   ws_lse [2 * parts][m_rows]      fp32: the piece's lse, log2 domain (-inf: no rows);
+// ws_lse follows ws_o in the one workspace buffer. combine_kernel reads piece q of a request
+// from slot 2q, or 2q + 1 when q is the request's first part and that part began with another
+// request (find_split's found[3], `first_tail`).
+constexpr int kSlotsPerPart = 2;
+// Slot of part `part`'s piece: tail 0 for the part's first request, 1 for its last.
+__host__ __device__ __forceinline__ int ws_slot(int part, int tail) { return kSlotsPerPart * part + tail; }
+// Rows of ws_o (and entries of ws_lse).
+__host__ __device__ __forceinline__ size_t ws_rows(int parts, int m_rows) {
+    return kSlotsPerPart * static_cast<size_t>(parts) * m_rows;
+}
+// Bytes of the whole workspace (mla_workspace_bytes).
+inline size_t ws_bytes(int parts, int m_rows) { return ws_rows(parts, m_rows) * (kLatentDim + 1) * sizeof(float); }
+
+// Position of a tile in the flattened schedule.
+struct Cursor {
+    int b;    // request
+    int j;    // tile within the request
+    int len;  // clamped length of request b
+    __device__ int ntiles() const { return Lens::tiles_of(len); }
+    __device__ void advance(const Lens& lens) {
+        if (++j == ntiles()) {  // every request has >= 1 tile
+            ++b;
+            j = 0;
+            len = lens.len(b);
+        }
+    }
+};
+
+// ---- host side ------------------------------------------------------------------------
+// Query rows per combine CTA. With at most ~16 parts per request a split request has few
+// pieces, and a warp per row merges them in a few round trips; more parts per request
+// (a few long sequences) keep 8 warps per row.
+inline int combine_rows(const mla_schedule_t* s) { return s->num_parts <= 16 * s->batch ? kCombineWarps : 1; }
+
+// Dim slices per merged row (the combine's grid z): 4 when the split rows give at most
+// one combine CTA per two SMs (b=1, t=1: 8 rows; b=4, t=32), so that their piece reads
+// spread over 4x the SMs; else 1: more CTAs then only add CTA waves, each searching the
+// lengths again (docs/PERFORMANCE.md log #22).
+inline int combine_slices(const mla_schedule_t* s) {
+    const int rows = combine_rows(s), m_rows = s->q_len * s->num_heads;
+    const int64_t ctas = static_cast<int64_t>(max_splits(s->batch, s->num_parts)) * ((m_rows + rows - 1) / rows);
+    return 2 * ctas <= s->sm_count ? 4 : 1;
+}
+
+// The kernels' divisors, on the host (DecodeArgs::parts_div, heads_div, closed_*).
+inline void prepare_split(DecodeArgs& a) {
+    a.parts_div = FastDiv::make(a.num_parts);
+    a.heads_div = FastDiv::make(a.num_heads);
+    a.closed_tiles = FastDiv::make(Lens::tiles_of(a.max_len));
+    // batch * tiles <= INT32_MAX (mla_schedule_init checks it)
+    a.closed_total = static_cast<int32_t>(static_cast<int64_t>(a.batch) * a.closed_tiles.d);
+    a.closed_chunk = FastDiv::make(split_chunk(a.closed_total, a.parts_div, a.min_chunk));
+}
+
+}  // namespace mla
