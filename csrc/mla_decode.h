@@ -9,12 +9,26 @@
  *   - Every pointer is a raw device pointer, every stream a raw cudaStream_t/CUstream
  *     (NULL = legacy default stream). Calls run on the given stream in the context
  *     current on the calling thread; nothing is global.
- *   - Strides are in ELEMENTS unless the name ends in _bytes. The last dimension of
- *     every tensor is contiguous.
- *   - No call allocates device memory or synchronizes the host: decode
- *     calls can be captured in a CUDA graph.
- *   - Every function returns an mla_status_t. Values >= MLA_STATUS_CUDA_BASE are
- *     MLA_STATUS_CUDA_BASE + the cudaError_t that a CUDA runtime call returned.
+ *   - Strides are in ELEMENTS of the tensor they step through, as int64, unless the name
+ *     ends in _bytes. The last dimension of every tensor is contiguous. The stride of a
+ *     dimension of size 1 is never used, so it is never checked (torch gives such strides
+ *     arbitrary values).
+ *   - Alignment: q_nope, q_rope, out, kv_cache and workspace must be 16-byte aligned, and so
+ *     must every q/out token and head stride times the element size (rows are moved 16
+ *     bytes at a time); block_stride_bytes is a multiple of 16. lse has no alignment rule.
+ *   - No call allocates device memory or synchronizes the host: every call can be captured
+ *     in a CUDA graph. Buffers the kernels write (out, lse, workspace, error_flag) need no
+ *     initialisation, except that a caller resets the error flag when it wants to know
+ *     about new faults (the kernels never clear it).
+ *   - Every function returns an mla_status_t (a closed set of values). After a call that
+ *     did not return MLA_STATUS_OK, mla_last_error() (per thread) says which argument or
+ *     field was wrong and why, and mla_last_cuda_error() gives the cudaError_t behind
+ *     MLA_STATUS_CUDA_ERROR.
+ *   - int32 vs int64: sparse indices and block tables are int32 and the append's
+ *     slot_mapping is int64, because that is what the engines' own tensors hold (vLLM's
+ *     indexer writes int32 top-k ids, its slot_mapping is torch.long).
+ *   - Binding check: a binding compares MLA_ABI_VERSION and mla_struct_size() of every
+ *     struct it mirrors with what the library reports at load time.
  */
 #ifndef MLA_DECODE_H
 #define MLA_DECODE_H
@@ -26,6 +40,10 @@
 extern "C" {
 #endif
 
+/* ---- version ------------------------------------------------------------------- */
+/* Bumped on every incompatible change of this header (a field, a function, a value). */
+#define MLA_ABI_VERSION 2
+
 /* ---- constants of the model family ---------------------------------------------- */
 #define MLA_HEAD_DIM 576     /* q and cache row width: 512 latent + 64 rope */
 #define MLA_LATENT_DIM 512   /* kv_lora_rank, also the output (V) width */
@@ -35,37 +53,82 @@ extern "C" {
 #define MLA_MAX_TOPK 4096
 #define MLA_ROW_BYTES_16 1152 /* one f16/bf16 cache row */
 #define MLA_ROW_BYTES_FP8_DS_MLA 656
+#define MLA_ROW_BYTES_FP8 576 /* per-tensor fp8: 576 e4m3 values */
+#define MLA_MAX_GATHER_TOKENS 65535 /* tokens of one mla_gather_slots call */
 
 /* ---- status --------------------------------------------------------------------- */
 typedef enum {
     MLA_STATUS_OK = 0,
-    MLA_STATUS_INVALID_ARGUMENT = 1, /* a host-side check of the C layer failed */
-    MLA_STATUS_UNSUPPORTED = 2,      /* valid but not implemented (e.g. fp8 decode) */
-    MLA_STATUS_NO_DEVICE = 3,        /* no current CUDA device / context */
-    MLA_STATUS_NOT_BUILT = 4,        /* the crate was built without nvcc: no kernels */
-    MLA_STATUS_CUDA_BASE = 1000      /* + cudaError_t */
+    MLA_STATUS_INVALID_ARGUMENT = 1, /* a host-side check failed: mla_last_error() names the field */
+    MLA_STATUS_UNSUPPORTED = 2,      /* valid but not implemented (e.g. an fp8 cache in decode) */
+    MLA_STATUS_NO_DEVICE = 3,        /* no CUDA driver or device, or no current context */
+    MLA_STATUS_NOT_BUILT = 4,        /* the library was built without nvcc: no kernels */
+    MLA_STATUS_WRONG_DEVICE = 5,     /* the schedule was made for another device than the current one */
+    MLA_STATUS_CUDA_ERROR = 6        /* a CUDA runtime call failed: mla_last_cuda_error() */
 } mla_status_t;
+
+/* The message of the last call on this thread that did not return MLA_STATUS_OK
+ * ("function: field: why"), or "" after a call that succeeded. Valid until the next call
+ * on this thread; never NULL. */
+const char* mla_last_error(void);
+/* The cudaError_t behind the last MLA_STATUS_CUDA_ERROR on this thread (0 if none). */
+int32_t mla_last_cuda_error(void);
+
+/* MLA_ABI_VERSION of the library actually linked or loaded. */
+uint32_t mla_abi_version(void);
+
+typedef enum {
+    MLA_STRUCT_TUNING = 0,
+    MLA_STRUCT_SHAPE = 1,
+    MLA_STRUCT_SCHEDULE = 2,
+    MLA_STRUCT_DENSE_PARAMS = 3,
+    MLA_STRUCT_SPARSE_PARAMS = 4,
+    MLA_STRUCT_APPEND_PARAMS = 5,
+    MLA_STRUCT_GATHER_PARAMS = 6
+} mla_struct_t;
+/* sizeof the library's struct `which` (0 for a value it does not know). */
+size_t mla_struct_size(mla_struct_t which);
 
 typedef enum { MLA_DTYPE_F16 = 0, MLA_DTYPE_BF16 = 1 } mla_dtype_t;
 
+/* How one cache row is stored (docs/DESIGN.md, "Cache formats"). */
 typedef enum {
-    MLA_KV_F16 = 0,
-    MLA_KV_BF16 = 1,
-    MLA_KV_FP8_DS_MLA = 2 /* 512 e4m3 + 4 fp32 scales + 64 bf16 rope = 656 B/row */
+    MLA_KV_F16 = 0,        /* 576 f16 values: 1152 B/row; the query dtype must be f16 */
+    MLA_KV_BF16 = 1,       /* 576 bf16 values: 1152 B/row; the query dtype must be bf16 */
+    MLA_KV_FP8_DS_MLA = 2, /* 512 e4m3 + 4 fp32 scales (one per 128 values) + 64 bf16 rope = 656 B/row */
+    MLA_KV_FP8 = 3         /* per-tensor fp8: 576 e4m3 values = 576 B/row, one fp32 scale (kv_scale) */
 } mla_kv_format_t;
 
+/* How the append kernel picks an fp8_ds_mla tile's scale from its largest magnitude amax
+ * (readers use whatever scale is stored). */
+typedef enum {
+    MLA_SCALE_RAW = 0, /* vLLM's concat_and_cache_ds_mla: max(amax / 448, FLT_MIN) */
+    MLA_SCALE_POW2 = 1 /* FlashMLA's quantizer: the power of two >= max(amax / 448, 1e-4) */
+} mla_scale_rule_t;
+
 /* ---- device error flag ---------------------------------------------------------- */
-/* A caller-owned buffer of 4 device uint32 words {code, row, value, 0}; the first
- * fault wins by atomicCAS on word 0. Reset it with a 16-byte memset to zero. */
+/* A caller-owned buffer of 4 device uint32 words {code, row, value low 32 bits, value high
+ * 32 bits}: the offending value is an int64 in two's complement (a 32-bit value is sign
+ * extended: seq_len -3 is {0xFFFFFFFD, 0xFFFFFFFF}). The first fault wins by atomicCAS on
+ * word 0; which of several simultaneous faults wins is unspecified. The kernels never clear
+ * it: the caller resets it (a 16-byte memset to zero, which a CUDA graph may capture). Every
+ * bad value below is also handled (skipped or clamped) whether or not a flag is given. */
 typedef enum {
     MLA_FAULT_NONE = 0,
     MLA_FAULT_BAD_BLOCK_ID = 1,     /* block-table entry outside [0, num_blocks): row = request (decode) or
                                        token (gather), value = entry */
-    MLA_FAULT_NEGATIVE_SEQ_LEN = 2, /* seq_len < 0, treated as 0: row = request, value = seq_len */
-    MLA_FAULT_SEQ_LEN_TOO_LARGE = 3,/* seq_len > max_blocks_per_seq*block_size, clamped: row = request */
-    MLA_FAULT_BAD_SLOT_ID = 4,      /* sparse id (not -1) outside [0, num_blocks*block_size): row = token */
-    MLA_FAULT_BAD_REQ_ID = 5,       /* gather: req_id outside [0, batch): row = token */
-    MLA_FAULT_BAD_APPEND_SLOT = 6   /* append: slot (not -1) outside the cache: row = token, value = low 32 bits */
+    MLA_FAULT_NEGATIVE_SEQ_LEN = 2, /* seq_len < 0, treated as 0: row = request (decode and gather),
+                                       value = seq_len */
+    MLA_FAULT_SEQ_LEN_TOO_LARGE = 3,/* seq_len > max_blocks_per_seq*block_size, clamped: row = request
+                                       (decode and gather), value = seq_len */
+    MLA_FAULT_BAD_SLOT_ID = 4,      /* sparse id (not -1) outside [0, num_blocks*block_size), skipped:
+                                       row = token, value = id */
+    MLA_FAULT_BAD_REQ_ID = 5,       /* gather: req_id outside [0, batch), the row's slots are -1:
+                                       row = token, value = req_id */
+    MLA_FAULT_BAD_APPEND_SLOT = 6,  /* append: slot (not -1) outside the cache, skipped: row = token,
+                                       value = the int64 slot */
+    MLA_FAULT_BAD_TOPK_LEN = 7      /* sparse: topk_len outside [0, topk], clamped: row = token,
+                                       value = topk_len */
 } mla_fault_code_t;
 
 /* ---- tuning: experiment overrides of the schedule's choices --------------------- */
@@ -103,6 +166,18 @@ typedef struct {
 } mla_tuning_t;
 
 /* ---- schedule: host-side launch decisions, made once per shape ------------------ */
+/* The problem a schedule is made for. */
+typedef struct {
+    int32_t batch;             /* dense: requests; sparse: query tokens T (MTP tokens are more rows) */
+    int32_t q_len;             /* dense: query rows per request, 1..=8 (causal); sparse: 1 */
+    int32_t num_heads;         /* 1..=128 */
+    int32_t max_len;           /* dense: the longest sequence expected; sparse: the top-k expected.
+                                  A hint for the configuration: a decode call works with any table
+                                  width (dense) or topk (sparse); lengths are clamped to what its
+                                  own block table or indices hold */
+    mla_kv_format_t kv_format; /* the cache format the decode calls will read */
+} mla_shape_t;
+
 /* The configuration a schedule chose: filled by mla_schedule_init, read by the launches;
  * do not edit (a launch rejects a configuration that does not match its shape). */
 typedef struct {
@@ -117,10 +192,11 @@ typedef struct {
  * device. It is plain data: keep it with the workspace it sized. Callers may read every
  * field; none is meant to be written. */
 typedef struct {
-    int32_t batch;          /* dense: requests; sparse: query tokens T */
-    int32_t q_len;          /* dense: 1..=8; sparse: 1 */
-    int32_t num_heads;      /* 1..=128 */
-    int32_t max_len;        /* dense: max_blocks_per_seq*block_size; sparse: topk */
+    int32_t batch;          /* mla_shape_t's */
+    int32_t q_len;
+    int32_t num_heads;
+    int32_t max_len;
+    mla_kv_format_t kv_format;
     int32_t num_m_tiles;    /* ceil(q_len*num_heads / block_m) */
     int32_t num_parts;      /* split-KV parts per m-tile (grid = num_m_tiles x num_parts) */
     int32_t smem_bytes;     /* dynamic shared memory per CTA actually requested */
@@ -132,13 +208,12 @@ typedef struct {
 } mla_schedule_t;
 
 /* Fill *s for a problem shape on the current device; tuning may be NULL (the defaults).
- * max_len <= INT32_MAX - 31 and batch * ceil(max_len / 32) <= INT32_MAX (the split
- * counts 32-row tiles in int32). */
-mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int32_t q_len, int32_t num_heads,
-                               int32_t max_len, const mla_tuning_t* tuning);
+ * batch * ceil(max_len / 32) <= INT32_MAX (the split counts 32-row tiles in int32). */
+mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* shape, const mla_tuning_t* tuning);
 
 /* Device bytes of the split workspace (fp32) a schedule needs; 256-byte aligned (any
- * cudaMalloc is). Calls that share a workspace must run in stream order. */
+ * cudaMalloc is). It needs no initialisation. Calls that share a workspace must run in
+ * stream order: a workspace serves one call at a time. */
 size_t mla_workspace_bytes(const mla_schedule_t* s);
 
 /* There is no planning call: every decode call derives the split-KV schedule in each of
@@ -147,81 +222,138 @@ size_t mla_workspace_bytes(const mla_schedule_t* s);
  * table buffers hold at replay time. */
 
 /* ---- dense paged decode --------------------------------------------------------- */
+/* out[t, h] = sum over the visible slots s of softmax_s(softmax_scale * q[t, h] . kv[s]) * kv[s, :512]
+ * and lse[t, h] = ln sum_s exp(softmax_scale * q[t, h] . kv[s]) (natural log; -inf and out = 0
+ * where no slot is visible). Causal: query i (0-based) of request b, whose length is L,
+ * sees the slots of positions 0 .. L - q_len + i of its block table (none when that is < 0). */
 typedef struct {
-    /* queries: token index = b*q_len + i; q_rope may point 512 elements into q_nope */
+    /* shape: must equal the schedule's (batch, q_len, num_heads) */
+    int32_t batch;
+    int32_t q_len;
+    int32_t num_heads;
+    /* queries [batch*q_len, num_heads, 576] (token index = b*q_len + i) in `dtype`: the 512
+     * latent dims at q_nope, the 64 rope dims at q_rope, each with its own strides. Packed
+     * 576-wide rows: q_rope = NULL (then q_rope = q_nope + 512 elements with q_nope's
+     * strides). q_rope == q_nope is rejected (it is never what a caller means). */
     const void* q_nope;
     const void* q_rope;
     int64_t q_nope_token_stride, q_nope_head_stride;
     int64_t q_rope_token_stride, q_rope_head_stride;
-    /* paged cache: num_blocks blocks of block_size rows of 576 values (1152 bytes) */
+    mla_dtype_t dtype;          /* of q and out */
+    /* paged cache: num_blocks blocks of block_size rows in kv_format, blocks block_stride_bytes apart */
     const void* kv_cache;
-    int64_t block_stride_bytes; /* >= block_size*1152, multiple of 16 */
+    mla_kv_format_t kv_format;  /* must be the schedule's */
+    const float* kv_scale;      /* MLA_KV_FP8: device pointer to the one fp32 scale; else NULL */
+    int64_t block_stride_bytes; /* >= block_size * row bytes of kv_format, multiple of 16 */
     int32_t num_blocks;
     int32_t block_size;         /* 16, 32, 64 or 128 */
-    const int32_t* block_table; /* [batch, block_table_stride] */
-    int32_t max_blocks_per_seq;
-    int32_t block_table_stride; /* elements between rows of the block table, >= max_blocks_per_seq */
-    /* outputs: out [batch*q_len, heads, 512] in the query dtype, lse [batch*q_len, heads] fp32 */
+    /* block table [batch, block_table_stride] int32: request b's position p is in block
+     * block_table[b * block_table_stride + p / block_size] */
+    const int32_t* block_table;
+    int32_t max_blocks_per_seq;  /* columns used; max_blocks_per_seq * block_size <= INT32_MAX - 31 */
+    int64_t block_table_stride;  /* >= max_blocks_per_seq (unused when batch == 1) */
+    /* seq_lens [batch] int32: cache rows of each request, clamped to
+     * [0, max_blocks_per_seq * block_size]; a negative or too-large value records a fault (codes 2, 3) */
+    const int32_t* seq_lens;
+    /* outputs: out [batch*q_len, num_heads, 512] in dtype, lse [batch*q_len, num_heads] fp32 */
     void* out;
     int64_t out_token_stride, out_head_stride;
     float* lse; /* may be NULL */
     int64_t lse_token_stride, lse_head_stride;
-    float softmax_scale;
-    mla_dtype_t dtype;
-    /* seq_lens [batch] int32: cache rows of each request, clamped to [0, max_len]; a negative
-     * or too-large value records a fault (codes 2, 3) */
-    const int32_t* seq_lens;
-    float* workspace;     /* mla_workspace_bytes(s) */
+    float softmax_scale;  /* finite, > 0 */
+    float* workspace;     /* mla_workspace_bytes(s), 16-byte aligned */
     uint32_t* error_flag; /* may be NULL */
 } mla_dense_params_t;
 
 mla_status_t mla_dense_decode(const mla_schedule_t* s, const mla_dense_params_t* p, void* stream);
 
 /* ---- sparse (DSA top-k) decode -------------------------------------------------- */
+/* out[t, h] attends over the cache slots indices[t, 0 .. topk_len[t]) (global slot ids
+ * block_id * block_size + offset; -1 = none; a duplicated id counts once per entry). */
 typedef struct {
-    const void* q_nope; /* [T, heads, 512 (+64)] */
+    int32_t num_tokens;  /* T: must equal the schedule's batch */
+    int32_t num_heads;   /* must equal the schedule's */
+    const void* q_nope;  /* [T, num_heads, 512 (+64)]: as in mla_dense_params_t */
     const void* q_rope;
     int64_t q_nope_token_stride, q_nope_head_stride;
     int64_t q_rope_token_stride, q_rope_head_stride;
+    mla_dtype_t dtype;
     const void* kv_cache;
+    mla_kv_format_t kv_format;
+    const float* kv_scale;
     int64_t block_stride_bytes;
-    int32_t num_blocks;
+    int32_t num_blocks;      /* num_blocks * block_size <= INT32_MAX */
     int32_t block_size;
-    const int32_t* indices; /* [T, indices_stride], global slot ids block_id*block_size+offset, -1 = none */
-    int32_t topk;
-    int32_t indices_stride;  /* >= topk */
-    void* out;               /* [T, heads, 512] */
+    const int32_t* indices;  /* [T, indices_stride] int32 */
+    int32_t topk;            /* 1..=4096 */
+    int64_t indices_stride;  /* >= topk (unused when num_tokens == 1) */
+    /* [T] int32 entries used per row, clamped to [0, topk] (a value outside records code 7);
+     * NULL: topk each */
+    const int32_t* topk_len;
+    void* out;               /* [T, num_heads, 512] */
     int64_t out_token_stride, out_head_stride;
-    float* lse;              /* [T, heads], may be NULL */
+    float* lse;              /* [T, num_heads], may be NULL */
     int64_t lse_token_stride, lse_head_stride;
     float softmax_scale;
-    mla_dtype_t dtype;
-    const int32_t* topk_len; /* [T] valid entries of each indices row, clamped to [0, topk] silently; NULL: topk */
-    float* workspace;        /* mla_workspace_bytes(s) */
+    float* workspace;
     uint32_t* error_flag;
 } mla_sparse_params_t;
 
 mla_status_t mla_sparse_decode(const mla_schedule_t* s, const mla_sparse_params_t* p, void* stream);
 
 /* ---- cache append --------------------------------------------------------------- */
-/* Write num_tokens new 576-wide rows kv[i] (row stride kv_token_stride elements) into
- * the paged cache at slot_mapping[i] = block_id*block_size + offset; -1 is skipped. */
-mla_status_t mla_append_kv(const void* kv, int64_t kv_token_stride, int32_t num_tokens,
-                           const int64_t* slot_mapping, void* kv_cache, int64_t block_stride_bytes,
-                           int32_t num_blocks, int32_t block_size, mla_dtype_t dtype, uint32_t* error_flag,
-                           void* stream);
+/* Writes num_tokens new 576-wide rows kv[i] (f16 or bf16) into the paged cache at
+ * slot_mapping[i] = block_id*block_size + offset, converting them to the cache's format;
+ * -1 is skipped; a slot outside [0, num_blocks*block_size) is skipped and records code 6.
+ * fp8_ds_mla: each 128-value tile of the latent gets a scale by scale_rule, values are
+ * x / scale (IEEE division) rounded to nearest even e4m3 with saturation to +-448 (NaN stays
+ * NaN), the 64 rope values are stored as bf16 (f16 input rounded to nearest even).
+ * Per-tensor fp8: every value is x / *kv_scale, converted the same way. */
+typedef struct {
+    const void* kv;              /* [num_tokens, kv_token_stride] in dtype */
+    int64_t kv_token_stride;     /* >= 576, times the element size a multiple of 16 */
+    mla_dtype_t dtype;
+    int32_t num_tokens;          /* >= 0 (0: nothing to do) */
+    const int64_t* slot_mapping; /* [num_tokens] */
+    void* kv_cache;
+    mla_kv_format_t kv_format;   /* f16/bf16 caches must match dtype */
+    const float* kv_scale;       /* MLA_KV_FP8 only */
+    mla_scale_rule_t scale_rule; /* MLA_KV_FP8_DS_MLA only */
+    int64_t block_stride_bytes;
+    int32_t num_blocks;
+    int32_t block_size;
+    uint32_t* error_flag;        /* may be NULL */
+} mla_append_params_t;
+
+mla_status_t mla_append_kv(const mla_append_params_t* p, void* stream);
 
 /* ---- index gather --------------------------------------------------------------- */
 /* out_slots[t, k] = global slot id of request-logical position positions[t, k] of
  * request req_id[t]: block_table[req][pos / block_size]*block_size + pos % block_size,
- * or -1 where pos < 0, pos >= clamp(seq_lens[req]), the block id is out of range or
- * req_id is out of [0, batch). Strides in elements, rows of topk entries. At most 65,535
- * tokens per call; max_blocks_per_seq*block_size and num_blocks*block_size must fit int32. */
-mla_status_t mla_gather_slots(const int32_t* positions, int32_t positions_stride, int32_t num_tokens,
-                              int32_t topk, const int32_t* req_id, const int32_t* block_table,
-                              int32_t block_table_stride, int32_t max_blocks_per_seq, const int32_t* seq_lens,
-                              int32_t batch, int32_t block_size, int32_t num_blocks, int32_t* out_slots,
-                              int32_t out_stride, uint32_t* error_flag, void* stream);
+ * or -1 where pos < 0, pos >= clamp(seq_lens[req]), the block id is out of range (code 1)
+ * or req_id is out of [0, batch) (code 5); a seq_len outside [0, max_blocks_per_seq *
+ * block_size] is clamped and records code 2 or 3 (row = request). At most
+ * MLA_MAX_GATHER_TOKENS tokens per call; max_blocks_per_seq*block_size and
+ * num_blocks*block_size must fit int32. */
+typedef struct {
+    int32_t num_tokens;          /* 0..=MLA_MAX_GATHER_TOKENS */
+    int32_t topk;                /* 1..=4096 entries per row */
+    const int32_t* positions;    /* [num_tokens, positions_stride] */
+    int64_t positions_stride;    /* >= topk (unused when num_tokens == 1) */
+    const int32_t* req_id;       /* [num_tokens] */
+    int32_t batch;               /* requests: rows of the block table and of seq_lens */
+    const int32_t* block_table;  /* [batch, block_table_stride] */
+    int32_t max_blocks_per_seq;
+    int64_t block_table_stride;  /* >= max_blocks_per_seq (unused when batch == 1) */
+    const int32_t* seq_lens;     /* [batch] */
+    int32_t num_blocks;          /* of the cache the slots index */
+    int32_t block_size;
+    int32_t* out_slots;          /* [num_tokens, out_stride] */
+    int64_t out_stride;          /* >= topk (unused when num_tokens == 1) */
+    uint32_t* error_flag;        /* may be NULL */
+} mla_gather_params_t;
+
+mla_status_t mla_gather_slots(const mla_gather_params_t* p, void* stream);
 
 #ifdef __cplusplus
 }
