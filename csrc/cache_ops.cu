@@ -1,7 +1,9 @@
-// Cache maintenance kernels: append new rows through a slot mapping, and gather
-// request-logical top-k positions into global slot ids.
+// Cache maintenance kernels: append new rows through a slot mapping (f16/bf16 copies here,
+// fp8 quantization in cache_ops/append_fp8.cuh), and gather request-logical top-k positions
+// into global slot ids.
 #include "common/constants.cuh"
 #include "common/fault.cuh"
+#include "cache_ops/append_fp8.cuh"
 #include "common/status.cuh"
 
 using namespace mla;
@@ -18,7 +20,7 @@ __global__ void __launch_bounds__(256) append_kernel(const uint8_t* kv, int64_t 
     const int64_t slot = slot_mapping[t];
     if (slot == -1) return;
     if (slot < 0 || slot >= static_cast<int64_t>(num_blocks) * block_size) {
-        if (lane == 0) record_fault(flag, MLA_FAULT_BAD_APPEND_SLOT, t, static_cast<int32_t>(slot));
+        if (lane == 0) record_fault(flag, MLA_FAULT_BAD_APPEND_SLOT, t, slot);
         return;
     }
     const int64_t blk = slot / block_size;
@@ -42,7 +44,10 @@ __global__ void __launch_bounds__(256) gather_kernel(const int32_t* positions, i
         if (k == 0) record_fault(flag, MLA_FAULT_BAD_REQ_ID, t, req);
     } else {
         const int max_len = max_blocks_per_seq * block_size;
-        const int L = min(max(seq_lens[req], 0), max_len);
+        const int raw = seq_lens[req];
+        if (k == 0 && (raw < 0 || raw > max_len))  // one thread per token; the first fault wins
+            record_fault(flag, raw < 0 ? MLA_FAULT_NEGATIVE_SEQ_LEN : MLA_FAULT_SEQ_LEN_TOO_LARGE, req, raw);
+        const int L = min(max(raw, 0), max_len);
         const int pos = positions[static_cast<int64_t>(t) * positions_stride + k];
         if (pos >= 0 && pos < L) {
             const int bi = pos / block_size;
@@ -61,40 +66,99 @@ bool valid_block_size(int32_t bs) { return bs == 16 || bs == 32 || bs == 64 || b
 
 }  // namespace
 
-extern "C" mla_status_t mla_append_kv(const void* kv, int64_t kv_token_stride, int32_t num_tokens,
-                                      const int64_t* slot_mapping, void* kv_cache, int64_t block_stride_bytes,
-                                      int32_t num_blocks, int32_t block_size, mla_dtype_t dtype, uint32_t* error_flag,
-                                      void* stream) {
-    MLA_REQUIRE(num_tokens >= 0 && valid_block_size(block_size) && num_blocks >= 1);
-    MLA_REQUIRE(dtype == MLA_DTYPE_F16 || dtype == MLA_DTYPE_BF16);
-    if (num_tokens == 0) return MLA_STATUS_OK;
-    MLA_REQUIRE(kv != nullptr && slot_mapping != nullptr && kv_cache != nullptr);
-    MLA_REQUIRE(kv_token_stride >= kHeadDim && (kv_token_stride * 2) % 16 == 0);
-    MLA_REQUIRE(block_stride_bytes >= static_cast<int64_t>(block_size) * kRowBytes && block_stride_bytes % 16 == 0);
-    MLA_REQUIRE((reinterpret_cast<uintptr_t>(kv) & 15) == 0 && (reinterpret_cast<uintptr_t>(kv_cache) & 15) == 0);
-    append_kernel<<<(num_tokens + 7) / 8, 256, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const uint8_t*>(kv), kv_token_stride * 2, num_tokens, slot_mapping,
-        static_cast<uint8_t*>(kv_cache), block_stride_bytes, num_blocks, block_size, error_flag);
-    return mla_cuda_status(cudaGetLastError());
+extern "C" mla_status_t mla_append_kv(const mla_append_params_t* p, void* stream) {
+    enter("mla_append_kv");
+    MLA_CHECK(p != nullptr, "p: NULL");
+    MLA_CHECK(p->num_tokens >= 0, "num_tokens: %d, must be >= 0", p->num_tokens);
+    MLA_CHECK(p->dtype == MLA_DTYPE_F16 || p->dtype == MLA_DTYPE_BF16, "dtype: %d is not an mla_dtype_t",
+              static_cast<int>(p->dtype));
+    const mla_kv_format_t f = p->kv_format;
+    const int64_t rb = f == MLA_KV_F16 || f == MLA_KV_BF16 ? MLA_ROW_BYTES_16
+                       : f == MLA_KV_FP8_DS_MLA           ? MLA_ROW_BYTES_FP8_DS_MLA
+                       : f == MLA_KV_FP8                  ? MLA_ROW_BYTES_FP8
+                                                          : 0;
+    MLA_CHECK(rb != 0, "kv_format: %d is not an mla_kv_format_t", static_cast<int>(f));
+    MLA_CHECK(!(f == MLA_KV_F16 || f == MLA_KV_BF16) || (f == MLA_KV_F16) == (p->dtype == MLA_DTYPE_F16),
+              "kv_format: an f16/bf16 cache must have the rows' dtype");
+    MLA_CHECK((f == MLA_KV_FP8) == (p->kv_scale != nullptr), "kv_scale: required with MLA_KV_FP8, else NULL");
+    MLA_CHECK(f != MLA_KV_FP8_DS_MLA || p->scale_rule == MLA_SCALE_RAW || p->scale_rule == MLA_SCALE_POW2,
+              "scale_rule: %d is not an mla_scale_rule_t", static_cast<int>(p->scale_rule));
+    MLA_CHECK(valid_block_size(p->block_size), "block_size: %d, must be 16, 32, 64 or 128", p->block_size);
+    MLA_CHECK(p->num_blocks >= 1, "num_blocks: %d, must be >= 1", p->num_blocks);
+    MLA_CHECK(p->block_stride_bytes >= p->block_size * rb && p->block_stride_bytes % 16 == 0,
+              "block_stride_bytes: %lld, must be a multiple of 16 and >= block_size * %lld",
+              static_cast<long long>(p->block_stride_bytes), static_cast<long long>(rb));
+    if (p->num_tokens == 0) return MLA_STATUS_OK;
+    MLA_CHECK(p->kv != nullptr, "kv: NULL");
+    MLA_CHECK(p->slot_mapping != nullptr, "slot_mapping: NULL");
+    MLA_CHECK(p->kv_cache != nullptr, "kv_cache: NULL");
+    MLA_CHECK(p->num_tokens == 1 || (p->kv_token_stride >= kHeadDim && (p->kv_token_stride * 2) % 16 == 0),
+              "kv_token_stride: %lld, must be >= 576 and keep rows 16-byte aligned",
+              static_cast<long long>(p->kv_token_stride));
+    MLA_CHECK((reinterpret_cast<uintptr_t>(p->kv) & 15) == 0, "kv: not 16-byte aligned");
+    MLA_CHECK((reinterpret_cast<uintptr_t>(p->kv_cache) & 15) == 0, "kv_cache: not 16-byte aligned");
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    if (f == MLA_KV_F16 || f == MLA_KV_BF16) {
+        append_kernel<<<(p->num_tokens + 7) / 8, 256, 0, st>>>(
+            static_cast<const uint8_t*>(p->kv), p->kv_token_stride * 2, p->num_tokens, p->slot_mapping,
+            static_cast<uint8_t*>(p->kv_cache), p->block_stride_bytes, p->num_blocks, p->block_size, p->error_flag);
+    } else {
+        MLA_CHECK((reinterpret_cast<uintptr_t>(p->kv_scale) & 3) == 0, "kv_scale: not 4-byte aligned");
+        Fp8AppendParams q{};
+        q.kv_nope = p->kv;
+        q.kv_rope = static_cast<const uint8_t*>(p->kv) + kLatentDim * 2;
+        q.nope_token_stride = p->num_tokens == 1 ? kHeadDim : p->kv_token_stride;
+        q.rope_token_stride = q.nope_token_stride;
+        q.num_tokens = p->num_tokens;
+        q.slot_mapping = p->slot_mapping;
+        q.cache = p->kv_cache;
+        q.block_stride_bytes = p->block_stride_bytes;
+        q.num_blocks = p->num_blocks;
+        q.block_size = p->block_size;
+        q.dtype = p->dtype;
+        q.format = f == MLA_KV_FP8_DS_MLA ? Fp8CacheFormat::DsMla : Fp8CacheFormat::PerTensor;
+        q.rule = p->scale_rule == MLA_SCALE_POW2 ? Fp8ScaleRule::Pow2 : Fp8ScaleRule::Raw;
+        q.tensor_scale = p->kv_scale;
+        q.error_flag = p->error_flag;
+        MLA_CUDA_TRY(launch_append_fp8(q, st));
+    }
+    MLA_CUDA_TRY(cudaGetLastError());
+    return MLA_STATUS_OK;
 }
 
-extern "C" mla_status_t mla_gather_slots(const int32_t* positions, int32_t positions_stride, int32_t num_tokens,
-                                         int32_t topk, const int32_t* req_id, const int32_t* block_table,
-                                         int32_t block_table_stride, int32_t max_blocks_per_seq,
-                                         const int32_t* seq_lens, int32_t batch, int32_t block_size,
-                                         int32_t num_blocks, int32_t* out_slots, int32_t out_stride,
-                                         uint32_t* error_flag, void* stream) {
-    MLA_REQUIRE(num_tokens >= 0 && topk >= 1 && topk <= MLA_MAX_TOPK && batch >= 1 && num_blocks >= 1);
-    MLA_REQUIRE(valid_block_size(block_size) && max_blocks_per_seq >= 1);
-    MLA_REQUIRE(positions_stride >= topk && out_stride >= topk && block_table_stride >= max_blocks_per_seq);
-    if (num_tokens == 0) return MLA_STATUS_OK;
-    MLA_REQUIRE(positions && req_id && block_table && seq_lens && out_slots);
-    MLA_REQUIRE(static_cast<int64_t>(num_blocks) * block_size <= 0x7fffffffLL);
-    MLA_REQUIRE(static_cast<int64_t>(max_blocks_per_seq) * block_size <= 0x7fffffffLL);
-    MLA_REQUIRE(num_tokens <= 65535);  // one grid row per token
-    const dim3 grid((topk + 255) / 256, num_tokens);
+extern "C" mla_status_t mla_gather_slots(const mla_gather_params_t* p, void* stream) {
+    enter("mla_gather_slots");
+    MLA_CHECK(p != nullptr, "p: NULL");
+    MLA_CHECK(p->num_tokens >= 0 && p->num_tokens <= MLA_MAX_GATHER_TOKENS, "num_tokens: %d, must be in 0..=%d",
+              p->num_tokens, MLA_MAX_GATHER_TOKENS);
+    MLA_CHECK(p->topk >= 1 && p->topk <= MLA_MAX_TOPK, "topk: %d, must be in 1..=%d", p->topk, MLA_MAX_TOPK);
+    MLA_CHECK(p->batch >= 1, "batch: %d, must be >= 1", p->batch);
+    MLA_CHECK(p->num_blocks >= 1, "num_blocks: %d, must be >= 1", p->num_blocks);
+    MLA_CHECK(valid_block_size(p->block_size), "block_size: %d, must be 16, 32, 64 or 128", p->block_size);
+    MLA_CHECK(p->max_blocks_per_seq >= 1, "max_blocks_per_seq: %d, must be >= 1", p->max_blocks_per_seq);
+    MLA_CHECK(static_cast<int64_t>(p->num_blocks) * p->block_size <= 0x7fffffffLL,
+              "num_blocks: num_blocks * block_size exceeds INT32_MAX (slot ids are int32)");
+    MLA_CHECK(static_cast<int64_t>(p->max_blocks_per_seq) * p->block_size <= 0x7fffffffLL,
+              "max_blocks_per_seq: max_blocks_per_seq * block_size exceeds INT32_MAX");
+    const bool one = p->num_tokens <= 1;
+    MLA_CHECK(one || (p->positions_stride >= p->topk && p->positions_stride <= 0x7fffffffLL),
+              "positions_stride: %lld, must be in topk..=INT32_MAX", static_cast<long long>(p->positions_stride));
+    MLA_CHECK(one || (p->out_stride >= p->topk && p->out_stride <= 0x7fffffffLL),
+              "out_stride: %lld, must be in topk..=INT32_MAX", static_cast<long long>(p->out_stride));
+    MLA_CHECK(p->batch == 1 || (p->block_table_stride >= p->max_blocks_per_seq && p->block_table_stride <= 0x7fffffffLL),
+              "block_table_stride: %lld, must be in max_blocks_per_seq..=INT32_MAX",
+              static_cast<long long>(p->block_table_stride));
+    if (p->num_tokens == 0) return MLA_STATUS_OK;
+    MLA_CHECK(p->positions != nullptr, "positions: NULL");
+    MLA_CHECK(p->req_id != nullptr, "req_id: NULL");
+    MLA_CHECK(p->block_table != nullptr, "block_table: NULL");
+    MLA_CHECK(p->seq_lens != nullptr, "seq_lens: NULL");
+    MLA_CHECK(p->out_slots != nullptr, "out_slots: NULL");
+    const dim3 grid((p->topk + 255) / 256, p->num_tokens);
     gather_kernel<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(
-        positions, positions_stride, topk, req_id, block_table, block_table_stride, max_blocks_per_seq, seq_lens,
-        batch, block_size, num_blocks, out_slots, out_stride, error_flag);
-    return mla_cuda_status(cudaGetLastError());
+        p->positions, one ? 0 : static_cast<int32_t>(p->positions_stride), p->topk, p->req_id, p->block_table,
+        p->batch == 1 ? 0 : static_cast<int32_t>(p->block_table_stride), p->max_blocks_per_seq, p->seq_lens, p->batch,
+        p->block_size, p->num_blocks, p->out_slots, one ? 0 : static_cast<int32_t>(p->out_stride), p->error_flag);
+    MLA_CUDA_TRY(cudaGetLastError());
+    return MLA_STATUS_OK;
 }

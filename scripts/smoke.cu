@@ -29,7 +29,7 @@
     do {                                                                                   \
         int st_ = (x);                                                                      \
         if (st_ != 0) {                                                                    \
-            printf("mla status %d at %s:%d\n", st_, __FILE__, __LINE__);                    \
+            printf("mla status %d at %s:%d: %s\n", st_, __FILE__, __LINE__, mla_last_error()); \
             exit(1);                                                                       \
         }                                                                                  \
     } while (0)
@@ -230,7 +230,8 @@ static double run_dense(int batch, int q_len, int heads, int bs, int L, bool var
 
     mla_schedule_t s;
     const mla_tuning_t tune = tuning(occ);
-    MK(mla_schedule_init(&s, batch, q_len, heads, max_blocks * bs, &tune));
+    const mla_shape_t shape{batch, q_len, heads, max_blocks * bs, MLA_KV_BF16};
+    MK(mla_schedule_init(&s, &shape, &tune));
     void *d_cache, *d_q, *d_out, *d_ws;
     int *d_table, *d_seq;
     float* d_lse;
@@ -253,6 +254,10 @@ static double run_dense(int batch, int q_len, int heads, int bs, int L, bool var
     CK(cudaMemset(d_lse, 0xff, (size_t)batch * q_len * heads * 4));
 
     mla_dense_params_t p{};
+    p.batch = batch;
+    p.q_len = q_len;
+    p.num_heads = heads;
+    p.kv_format = MLA_KV_BF16;
     p.q_nope = d_q;
     p.q_rope = (char*)d_q + 1024;
     p.q_nope_token_stride = p.q_rope_token_stride = (int64_t)heads * 576;
@@ -365,7 +370,8 @@ static double run_sparse(int T, int heads, int topk, int pool, bool holes, int o
     const float scale = 1.f / 16.f;
     mla_schedule_t s;
     const mla_tuning_t tune = tuning(occ);
-    MK(mla_schedule_init(&s, T, 1, heads, topk, &tune));
+    const mla_shape_t shape{T, 1, heads, topk, MLA_KV_BF16};
+    MK(mla_schedule_init(&s, &shape, &tune));
     void *d_cache, *d_q, *d_out, *d_ws;
     int* d_idx;
     float* d_lse;
@@ -381,6 +387,9 @@ static double run_sparse(int T, int heads, int topk, int pool, bool holes, int o
     CK(cudaMemcpy(d_idx, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
     CK(cudaMemset(d_out, 0xff, out_elems * 2));
     mla_sparse_params_t p{};
+    p.num_tokens = T;
+    p.num_heads = heads;
+    p.kv_format = MLA_KV_BF16;
     p.q_nope = d_q;
     p.q_rope = (char*)d_q + 1024;
     p.q_nope_token_stride = p.q_rope_token_stride = (int64_t)heads * 576;

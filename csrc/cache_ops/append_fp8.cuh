@@ -16,7 +16,9 @@
 // redux.sync.max over the bits) and RoPE values 2l, 2l+1.
 #pragma once
 
-#include "common.cuh"
+#include "common/constants.cuh"
+#include "common/fault.cuh"
+#include "common/ptx.cuh"
 #include "common/fp8.cuh"
 
 namespace mla {

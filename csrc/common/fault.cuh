@@ -8,12 +8,14 @@
 
 namespace mla {
 
-// First fault wins: word 0 by atomicCAS, then row and value.
-__device__ __forceinline__ void record_fault(uint32_t* flag, uint32_t code, uint32_t row, int32_t value) {
+// First fault wins: word 0 by atomicCAS, then the row and the value as an int64 in two's
+// complement (words 2 and 3: low and high 32 bits; a 32-bit value arrives sign-extended).
+__device__ __forceinline__ void record_fault(uint32_t* flag, uint32_t code, uint32_t row, int64_t value) {
     if (flag == nullptr) return;
     if (atomicCAS(flag, 0u, code) == 0u) {
         flag[1] = row;
-        flag[2] = static_cast<uint32_t>(value);
+        flag[2] = static_cast<uint32_t>(static_cast<uint64_t>(value));
+        flag[3] = static_cast<uint32_t>(static_cast<uint64_t>(value) >> 32);
     }
 }
 

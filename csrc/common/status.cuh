@@ -1,20 +1,31 @@
-// Host side of the C entry points: cudaError_t -> mla_status_t, and the argument checks.
+// Host side of the C entry points: the status they return and the per-thread message that
+// says why (mla_last_error, mla_last_cuda_error; defined in common/status.cu).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include "mla_decode.h"
 
-// Host-side: turn a cudaError_t into an mla_status_t.
-static inline mla_status_t mla_cuda_status(cudaError_t e) {
-    return e == cudaSuccess ? MLA_STATUS_OK : static_cast<mla_status_t>(MLA_STATUS_CUDA_BASE + static_cast<int>(e));
-}
-#define MLA_CUDA_TRY(expr)                                   \
-    do {                                                     \
-        cudaError_t mla_e_ = (expr);                         \
-        if (mla_e_ != cudaSuccess) return mla_cuda_status(mla_e_); \
+namespace mla {
+
+// Starts a C entry point: clears the thread's last error and names the function in the
+// messages that follow.
+void enter(const char* function);
+// Records "function: message" as the thread's last error and returns status.
+mla_status_t fail(mla_status_t status, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+// A failed CUDA runtime call: MLA_STATUS_NO_DEVICE when it says there is no driver or
+// device, else MLA_STATUS_CUDA_ERROR with mla_last_cuda_error() = e.
+mla_status_t cuda_fail(cudaError_t e, const char* what);
+
+}  // namespace mla
+
+#define MLA_CUDA_TRY(expr)                                                  \
+    do {                                                                    \
+        cudaError_t mla_e_ = (expr);                                        \
+        if (mla_e_ != cudaSuccess) return ::mla::cuda_fail(mla_e_, #expr); \
     } while (0)
-#define MLA_REQUIRE(cond)                                         \
-    do {                                                          \
-        if (!(cond)) return MLA_STATUS_INVALID_ARGUMENT;          \
+// Rejects an argument: MLA_CHECK(cond, "field: why %d", value).
+#define MLA_CHECK(cond, ...)                                                           \
+    do {                                                                               \
+        if (!(cond)) return ::mla::fail(MLA_STATUS_INVALID_ARGUMENT, __VA_ARGS__);     \
     } while (0)

@@ -8,6 +8,10 @@
 
 namespace mla {
 
+// DecodeArgs::check_lens: whose lengths a decode records when they are out of range.
+constexpr int kLensDense = 1;   // seq_lens: MLA_FAULT_NEGATIVE_SEQ_LEN / MLA_FAULT_SEQ_LEN_TOO_LARGE
+constexpr int kLensSparse = 2;  // topk_len: MLA_FAULT_BAD_TOPK_LEN
+
 // ---- arguments of the decode family ------------------------------------------------------
 struct DecodeArgs {
     const uint8_t* q_nope;
@@ -19,7 +23,7 @@ struct DecodeArgs {
     int32_t block_size;    // a power of two
     int32_t block_shift;   // log2(block_size)
     const int32_t* table;  // dense: block table; sparse: indices
-    int32_t table_stride;
+    int32_t table_stride;  // elements between rows (0 with one row: its stride is never used)
     int32_t table_cols;    // dense: max_blocks_per_seq; sparse: topk
     int32_t batch;
     int32_t num_parts;
@@ -34,7 +38,7 @@ struct DecodeArgs {
     float scale_log2;      // softmax_scale * log2(e)
     const int32_t* lens;   // dense: seq_lens; sparse: topk_len (may be NULL)
     int32_t max_len;       // dense: max_blocks_per_seq * block_size; sparse: topk
-    int32_t check_lens;    // record negative / too-large lengths (dense)
+    int32_t check_lens;    // which lengths record faults: kLensDense (seq_lens) or kLensSparse (topk_len)
     float* ws_o;           // [2*parts, m_rows, 512] (decode/split.cuh, "the workspace")
     float* ws_lse;         // [2*parts, m_rows], log2 domain
     uint32_t* flag;

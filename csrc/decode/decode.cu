@@ -52,52 +52,103 @@ template <bool kSparse>
 mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dtype, void* stream) {
     int dev = -1;
     MLA_CUDA_TRY(cudaGetDevice(&dev));
-    if (dev != s->device) return MLA_STATUS_INVALID_ARGUMENT;
-    const mla_schedule_internal_t& in = s->internal;
-    if (in.combine_slices != 1 && in.combine_slices != 4) return MLA_STATUS_INVALID_ARGUMENT;
-    if ((in.warps != 4 && in.warps != 8) || (in.block_m != 16 && !(in.block_m == 32 && in.warps == 8)))
-        return MLA_STATUS_INVALID_ARGUMENT;
-    if ((in.pdl & ~MLA_PDL_ALL) != 0) return MLA_STATUS_INVALID_ARGUMENT;
+    if (dev != s->device)
+        return fail(MLA_STATUS_WRONG_DEVICE, "s: the schedule was made for device %d, the current device is %d",
+                    s->device, dev);
     // A schedule edited by hand must still match the configuration it launches.
+    const mla_schedule_internal_t& in = s->internal;
+    MLA_CHECK(in.combine_slices == 1 || in.combine_slices == 4, "s.internal.combine_slices: %d", in.combine_slices);
+    MLA_CHECK((in.warps == 4 || in.warps == 8) && (in.block_m == 16 || (in.block_m == 32 && in.warps == 8)),
+              "s.internal: warps %d, block_m %d is not a configuration", in.warps, in.block_m);
+    MLA_CHECK((in.pdl & ~MLA_PDL_ALL) == 0, "s.internal.pdl: %d", in.pdl);
     const int need_smem = with_config(in.warps, in.block_m, [](auto c) { return decltype(c)::kSmemBytes; });
-    if (s->smem_bytes < need_smem || s->num_m_tiles != (a.m_rows + in.block_m - 1) / in.block_m || s->num_parts < 1)
-        return MLA_STATUS_INVALID_ARGUMENT;
+    MLA_CHECK(s->smem_bytes >= need_smem && s->num_m_tiles == (a.m_rows + in.block_m - 1) / in.block_m &&
+                  s->num_parts >= 1,
+              "s: smem_bytes, num_m_tiles or num_parts do not match the configuration (edited by hand?)");
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     if (dtype == MLA_DTYPE_BF16) return launch_typed<__nv_bfloat16, kSparse>(s, a, st);
-    if (dtype == MLA_DTYPE_F16) return launch_typed<__half, kSparse>(s, a, st);
-    return MLA_STATUS_INVALID_ARGUMENT;
+    return launch_typed<__half, kSparse>(s, a, st);
+}
+
+// Row bytes of a cache format (0 for a value that is not one).
+int64_t row_bytes(mla_kv_format_t f) {
+    switch (f) {
+        case MLA_KV_F16:
+        case MLA_KV_BF16: return MLA_ROW_BYTES_16;
+        case MLA_KV_FP8_DS_MLA: return MLA_ROW_BYTES_FP8_DS_MLA;
+        case MLA_KV_FP8: return MLA_ROW_BYTES_FP8;
+    }
+    return 0;
 }
 
 // Checks and fills the fields mla_dense_params_t and mla_sparse_params_t share (same names
-// in both); returns false when an argument is invalid.
+// in both); `tokens` is the number of query tokens (batch * q_len or T). Returns
+// MLA_STATUS_OK, or the status of the first argument found wrong (mla_last_error names it).
 template <typename P>
-bool common_args(const mla_schedule_t* s, const P* p, DecodeArgs& a) {
-    if (s == nullptr || p == nullptr || p->q_nope == nullptr || p->q_rope == nullptr || p->kv_cache == nullptr ||
-        p->out == nullptr || p->workspace == nullptr)
-        return false;
+mla_status_t common_args(const mla_schedule_t* s, const P* p, int64_t tokens, DecodeArgs& a) {
+    MLA_CHECK(p->num_heads == s->num_heads, "num_heads: %d, the schedule was made for %d", p->num_heads,
+              s->num_heads);
+    MLA_CHECK(p->dtype == MLA_DTYPE_F16 || p->dtype == MLA_DTYPE_BF16, "dtype: %d is not an mla_dtype_t",
+              static_cast<int>(p->dtype));
+    MLA_CHECK(p->q_nope != nullptr, "q_nope: NULL");
+    MLA_CHECK(p->q_rope != p->q_nope,
+              "q_rope: equals q_nope (packed 576-wide rows: pass q_rope = NULL, or q_nope + 512 elements)");
+    MLA_CHECK(p->kv_cache != nullptr, "kv_cache: NULL");
+    MLA_CHECK(p->out != nullptr, "out: NULL");
+    MLA_CHECK(p->workspace != nullptr, "workspace: NULL");
+    const int64_t rb = row_bytes(p->kv_format);
+    MLA_CHECK(rb != 0, "kv_format: %d is not an mla_kv_format_t", static_cast<int>(p->kv_format));
+    MLA_CHECK(p->kv_format == s->kv_format, "kv_format: %d, the schedule was made for %d",
+              static_cast<int>(p->kv_format), static_cast<int>(s->kv_format));
+    if (p->kv_format == MLA_KV_F16 || p->kv_format == MLA_KV_BF16) {
+        MLA_CHECK((p->kv_format == MLA_KV_F16) == (p->dtype == MLA_DTYPE_F16),
+                  "kv_format: an f16/bf16 cache must have the query's dtype");
+        MLA_CHECK(p->kv_scale == nullptr, "kv_scale: only MLA_KV_FP8 takes a scale");
+    } else {
+        return fail(MLA_STATUS_UNSUPPORTED, "kv_format: fp8 caches are not decoded yet (issue #12)");
+    }
     const int32_t bs = p->block_size;
-    if (!(bs == 16 || bs == 32 || bs == 64 || bs == 128)) return false;
-    if (p->num_blocks < 1 || p->block_stride_bytes < static_cast<int64_t>(bs) * kRowBytes ||
-        p->block_stride_bytes % 16 != 0)
-        return false;
-    if (!aligned16(p->q_nope) || !aligned16(p->q_rope) || !aligned16(p->kv_cache) || !aligned16(p->out)) return false;
+    MLA_CHECK(bs == 16 || bs == 32 || bs == 64 || bs == 128, "block_size: %d, must be 16, 32, 64 or 128", bs);
+    MLA_CHECK(p->num_blocks >= 1, "num_blocks: %d, must be >= 1", p->num_blocks);
+    MLA_CHECK(p->block_stride_bytes >= bs * rb && p->block_stride_bytes % 16 == 0,
+              "block_stride_bytes: %lld, must be a multiple of 16 and >= block_size * %lld",
+              static_cast<long long>(p->block_stride_bytes), static_cast<long long>(rb));
+    // q_rope = NULL: packed rows, the rope dims 512 elements after the nope dims.
+    const bool packed = p->q_rope == nullptr;
+    const void* q_rope = packed ? static_cast<const void*>(static_cast<const uint8_t*>(p->q_nope) + kLatentDim * 2)
+                                : p->q_rope;
+    const int64_t qr_ts = packed ? p->q_nope_token_stride : p->q_rope_token_stride;
+    const int64_t qr_hs = packed ? p->q_nope_head_stride : p->q_rope_head_stride;
+    MLA_CHECK(aligned16(p->q_nope), "q_nope: not 16-byte aligned");
+    MLA_CHECK(aligned16(q_rope), "q_rope: not 16-byte aligned");
+    MLA_CHECK(aligned16(p->kv_cache), "kv_cache: not 16-byte aligned");
+    MLA_CHECK(aligned16(p->out), "out: not 16-byte aligned");
+    MLA_CHECK(aligned16(p->workspace), "workspace: not 16-byte aligned");
     // Rows are read and written 16 bytes at a time: strides must keep them aligned, except
     // along a dimension of size 1, whose stride is never used.
-    const bool one_token = static_cast<int64_t>(s->batch) * s->q_len == 1, one_head = s->num_heads == 1;
+    const bool one_token = tokens == 1, one_head = s->num_heads == 1;
     auto ok = [](int64_t stride, bool unused) { return unused || stride16(stride); };
-    if (!ok(p->q_nope_token_stride, one_token) || !ok(p->q_nope_head_stride, one_head) ||
-        !ok(p->q_rope_token_stride, one_token) || !ok(p->q_rope_head_stride, one_head) ||
-        !ok(p->out_token_stride, one_token) || !ok(p->out_head_stride, one_head))
-        return false;
-    if (!(p->softmax_scale > 0.f) || !isfinite(p->softmax_scale)) return false;
-    if (!aligned16(p->workspace)) return false;  // read as float4
+    MLA_CHECK(ok(p->q_nope_token_stride, one_token), "q_nope_token_stride: %lld elements is not 16-byte aligned",
+              static_cast<long long>(p->q_nope_token_stride));
+    MLA_CHECK(ok(p->q_nope_head_stride, one_head), "q_nope_head_stride: %lld elements is not 16-byte aligned",
+              static_cast<long long>(p->q_nope_head_stride));
+    MLA_CHECK(ok(qr_ts, one_token), "q_rope_token_stride: %lld elements is not 16-byte aligned",
+              static_cast<long long>(qr_ts));
+    MLA_CHECK(ok(qr_hs, one_head), "q_rope_head_stride: %lld elements is not 16-byte aligned",
+              static_cast<long long>(qr_hs));
+    MLA_CHECK(ok(p->out_token_stride, one_token), "out_token_stride: %lld elements is not 16-byte aligned",
+              static_cast<long long>(p->out_token_stride));
+    MLA_CHECK(ok(p->out_head_stride, one_head), "out_head_stride: %lld elements is not 16-byte aligned",
+              static_cast<long long>(p->out_head_stride));
+    MLA_CHECK(p->softmax_scale > 0.f && isfinite(p->softmax_scale), "softmax_scale: %g, must be finite and > 0",
+              static_cast<double>(p->softmax_scale));
     a = DecodeArgs{};
     a.q_nope = static_cast<const uint8_t*>(p->q_nope);
-    a.q_rope = static_cast<const uint8_t*>(p->q_rope);
+    a.q_rope = static_cast<const uint8_t*>(q_rope);
     a.qn_ts = p->q_nope_token_stride;
     a.qn_hs = p->q_nope_head_stride;
-    a.qr_ts = p->q_rope_token_stride;
-    a.qr_hs = p->q_rope_head_stride;
+    a.qr_ts = qr_ts;
+    a.qr_hs = qr_hs;
     a.cache = static_cast<const uint8_t*>(p->kv_cache);
     a.block_stride = p->block_stride_bytes;
     a.num_blocks = p->num_blocks;
@@ -117,12 +168,21 @@ bool common_args(const mla_schedule_t* s, const P* p, DecodeArgs& a) {
     a.lse_ts = p->lse_token_stride;
     a.lse_hs = p->lse_head_stride;
     a.scale_log2 = p->softmax_scale * kLog2e;
-    a.max_len = s->max_len;
     a.ws_o = p->workspace;
     a.ws_lse = p->workspace + ws_rows(s->num_parts, a.m_rows) * kLatentDim;
     a.flag = p->error_flag;
     a.pdl = s->internal.pdl;
-    return true;
+    return MLA_STATUS_OK;
+}
+
+// The longest length the kernels clamp to (the table's width or topk): the split counts
+// 32-row tiles of every request at that length in int32.
+mla_status_t set_max_len(const mla_schedule_t* s, int64_t max_len, const char* what, DecodeArgs& a) {
+    const int64_t tiles = (max_len + 31) / 32;
+    MLA_CHECK(max_len <= 0x7fffffffLL - 31 && static_cast<int64_t>(s->batch) * tiles <= 0x7fffffffLL,
+              "%s: batch * ceil(%lld / 32) tiles exceeds INT32_MAX", what, static_cast<long long>(max_len));
+    a.max_len = static_cast<int32_t>(max_len);
+    return MLA_STATUS_OK;
 }
 
 template <typename T, bool kSparse>
@@ -155,17 +215,34 @@ cudaError_t mla::decode_ctas_per_sm(int warps, int block_m, int smem, int* ctas)
 }
 
 
+#define MLA_TRY(expr)                                 \
+    do {                                              \
+        const mla_status_t mla_st_ = (expr);          \
+        if (mla_st_ != MLA_STATUS_OK) return mla_st_; \
+    } while (0)
+
 extern "C" mla_status_t mla_dense_decode(const mla_schedule_t* s, const mla_dense_params_t* p, void* stream) {
+    enter("mla_dense_decode");
+    MLA_CHECK(s != nullptr, "s: NULL");
+    MLA_CHECK(p != nullptr, "p: NULL");
+    MLA_CHECK(p->batch == s->batch && p->q_len == s->q_len,
+              "batch, q_len: (%d, %d), the schedule was made for (%d, %d)", p->batch, p->q_len, s->batch, s->q_len);
     DecodeArgs a;
-    MLA_REQUIRE(common_args(s, p, a));
-    MLA_REQUIRE(p->block_table != nullptr && p->max_blocks_per_seq >= 1 &&
-                p->block_table_stride >= p->max_blocks_per_seq);
-    MLA_REQUIRE(static_cast<int64_t>(s->max_len) == static_cast<int64_t>(p->max_blocks_per_seq) * p->block_size);
-    MLA_REQUIRE(p->seq_lens != nullptr);
+    MLA_TRY(common_args(s, p, static_cast<int64_t>(p->batch) * p->q_len, a));
+    MLA_CHECK(p->block_table != nullptr, "block_table: NULL");
+    MLA_CHECK(p->max_blocks_per_seq >= 1, "max_blocks_per_seq: %d, must be >= 1", p->max_blocks_per_seq);
+    MLA_CHECK(p->batch == 1 || p->block_table_stride >= p->max_blocks_per_seq,
+              "block_table_stride: %lld, must be >= max_blocks_per_seq (%d)",
+              static_cast<long long>(p->block_table_stride), p->max_blocks_per_seq);
+    MLA_CHECK(p->block_table_stride <= 0x7fffffffLL, "block_table_stride: %lld exceeds INT32_MAX",
+              static_cast<long long>(p->block_table_stride));
+    MLA_CHECK(p->seq_lens != nullptr, "seq_lens: NULL");
+    MLA_TRY(set_max_len(s, static_cast<int64_t>(p->max_blocks_per_seq) * p->block_size, "max_blocks_per_seq * block_size",
+                        a));
     a.lens = p->seq_lens;
-    a.check_lens = 1;
+    a.check_lens = kLensDense;
     a.table = p->block_table;
-    a.table_stride = p->block_table_stride;
+    a.table_stride = static_cast<int32_t>(p->batch == 1 ? 0 : p->block_table_stride);
     a.table_cols = p->max_blocks_per_seq;
     a.combine_rows = combine_rows(s);
     prepare_split(a);
@@ -173,14 +250,26 @@ extern "C" mla_status_t mla_dense_decode(const mla_schedule_t* s, const mla_dens
 }
 
 extern "C" mla_status_t mla_sparse_decode(const mla_schedule_t* s, const mla_sparse_params_t* p, void* stream) {
+    enter("mla_sparse_decode");
+    MLA_CHECK(s != nullptr, "s: NULL");
+    MLA_CHECK(p != nullptr, "p: NULL");
+    MLA_CHECK(s->q_len == 1, "s: a dense schedule (q_len %d); sparse decode takes one made with q_len 1", s->q_len);
+    MLA_CHECK(p->num_tokens == s->batch, "num_tokens: %d, the schedule was made for %d", p->num_tokens, s->batch);
     DecodeArgs a;
-    MLA_REQUIRE(common_args(s, p, a));
-    MLA_REQUIRE(p->indices != nullptr && p->topk >= 1 && p->topk <= MLA_MAX_TOPK && p->indices_stride >= p->topk);
-    MLA_REQUIRE(s->q_len == 1 && s->max_len == p->topk);
+    MLA_TRY(common_args(s, p, p->num_tokens, a));
+    MLA_CHECK(p->indices != nullptr, "indices: NULL");
+    MLA_CHECK(p->topk >= 1 && p->topk <= MLA_MAX_TOPK, "topk: %d, must be in 1..=%d", p->topk, MLA_MAX_TOPK);
+    MLA_CHECK(p->num_tokens == 1 || p->indices_stride >= p->topk, "indices_stride: %lld, must be >= topk (%d)",
+              static_cast<long long>(p->indices_stride), p->topk);
+    MLA_CHECK(p->indices_stride <= 0x7fffffffLL, "indices_stride: %lld exceeds INT32_MAX",
+              static_cast<long long>(p->indices_stride));
+    MLA_CHECK(static_cast<int64_t>(p->num_blocks) * p->block_size <= 0x7fffffffLL,
+              "num_blocks: num_blocks * block_size exceeds INT32_MAX (slot ids are int32)");
+    MLA_TRY(set_max_len(s, p->topk, "topk", a));
     a.lens = p->topk_len;
-    a.check_lens = 0;
+    a.check_lens = kLensSparse;
     a.table = p->indices;
-    a.table_stride = p->indices_stride;
+    a.table_stride = static_cast<int32_t>(p->num_tokens == 1 ? 0 : p->indices_stride);
     a.table_cols = p->topk;
     a.combine_rows = combine_rows(s);
     prepare_split(a);

@@ -17,7 +17,9 @@ namespace {
 template <typename C>
 mla_status_t config_fit(bool sm120_occupancy, int smem_per_sm, int optin, int* smem_out, int* ctas_out) {
     int smem = C::kSmemBytes;
-    if (smem > optin) return MLA_STATUS_UNSUPPORTED;
+    if (smem > optin)
+        return fail(MLA_STATUS_UNSUPPORTED, "the device allows %d bytes of shared memory per block, the configuration needs %d",
+                    optin, smem);
     if (sm120_occupancy) {
         // As many CTAs per SM as sm_120 holds (100 KB per SM, 1 KB reserved per CTA).
         const int sm120_ctas = kSm120SmemPerSm / (C::kSmemBytes + 1024);
@@ -28,7 +30,7 @@ mla_status_t config_fit(bool sm120_occupancy, int smem_per_sm, int optin, int* s
     }
     int ctas = 0;
     MLA_CUDA_TRY(decode_ctas_per_sm(C::kWarps, C::kBlockM, smem, &ctas));
-    if (ctas < 1) return MLA_STATUS_UNSUPPORTED;
+    if (ctas < 1) return fail(MLA_STATUS_UNSUPPORTED, "no decode CTA fits an SM of this device");
     *smem_out = smem;
     *ctas_out = ctas;
     return MLA_STATUS_OK;
@@ -36,21 +38,33 @@ mla_status_t config_fit(bool sm120_occupancy, int smem_per_sm, int optin, int* s
 
 }  // namespace
 
-extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int32_t q_len, int32_t num_heads,
-                                          int32_t max_len, const mla_tuning_t* tuning) {
-    MLA_REQUIRE(s != nullptr);
-    MLA_REQUIRE(batch >= 1 && q_len >= 1 && q_len <= MLA_MAX_Q_LEN && num_heads >= 1 && num_heads <= MLA_MAX_HEADS);
-    MLA_REQUIRE(max_len >= 1 && max_len <= 0x7fffffff - 31);
+extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* shape, const mla_tuning_t* tuning) {
+    enter("mla_schedule_init");
+    MLA_CHECK(s != nullptr, "s: NULL");
+    MLA_CHECK(shape != nullptr, "shape: NULL");
+    const int32_t batch = shape->batch, q_len = shape->q_len, num_heads = shape->num_heads, max_len = shape->max_len;
+    MLA_CHECK(batch >= 1, "shape.batch: %d, must be >= 1", batch);
+    MLA_CHECK(q_len >= 1 && q_len <= MLA_MAX_Q_LEN, "shape.q_len: %d, must be in 1..=%d", q_len, MLA_MAX_Q_LEN);
+    MLA_CHECK(num_heads >= 1 && num_heads <= MLA_MAX_HEADS, "shape.num_heads: %d, must be in 1..=%d", num_heads,
+              MLA_MAX_HEADS);
+    MLA_CHECK(max_len >= 1 && max_len <= 0x7fffffff - 31, "shape.max_len: %d, must be in 1..=INT32_MAX-31", max_len);
+    const mla_kv_format_t fmt = shape->kv_format;
+    MLA_CHECK(fmt == MLA_KV_F16 || fmt == MLA_KV_BF16 || fmt == MLA_KV_FP8_DS_MLA || fmt == MLA_KV_FP8,
+              "shape.kv_format: %d is not an mla_kv_format_t", static_cast<int>(fmt));
     const mla_tuning_t tune = tuning != nullptr ? *tuning : mla_tuning_t{};
-    MLA_REQUIRE(tune.warps == 0 || tune.warps == 4 || tune.warps == 8);
-    MLA_REQUIRE(tune.block_m == 0 || tune.block_m == 16 || (tune.block_m == 32 && tune.warps != 4));
-    MLA_REQUIRE(tune.pdl == MLA_PDL_OFF || (tune.pdl >= 0 && (tune.pdl & ~MLA_PDL_ALL) == 0));
-    MLA_REQUIRE(tune.combine_slices == 0 || tune.combine_slices == 1 || tune.combine_slices == 4);
-    MLA_REQUIRE(tune.min_chunk >= 0);
-    const bool sm120_occupancy = tune.sm120_occupancy != 0;
+    MLA_CHECK(tune.warps == 0 || tune.warps == 4 || tune.warps == 8, "tuning.warps: %d, must be 0, 4 or 8", tune.warps);
+    MLA_CHECK(tune.block_m == 0 || tune.block_m == 16 || (tune.block_m == 32 && tune.warps != 4),
+              "tuning.block_m: %d, must be 0, 16 or 32 (32 with 8 warps)", tune.block_m);
+    MLA_CHECK(tune.pdl == MLA_PDL_OFF || (tune.pdl >= 0 && (tune.pdl & ~MLA_PDL_ALL) == 0),
+              "tuning.pdl: %d, must be MLA_PDL_OFF or an OR of MLA_PDL_* bits", tune.pdl);
+    MLA_CHECK(tune.combine_slices == 0 || tune.combine_slices == 1 || tune.combine_slices == 4,
+              "tuning.combine_slices: %d, must be 0, 1 or 4", tune.combine_slices);
+    MLA_CHECK(tune.min_chunk >= 0, "tuning.min_chunk: %d, must be >= 0", tune.min_chunk);
     // the split counts 32-row tiles of all requests (at max_len) in int32
     const int64_t all_tiles = static_cast<int64_t>(batch) * ((static_cast<int64_t>(max_len) + Cfg::kBlockN - 1) / Cfg::kBlockN);
-    MLA_REQUIRE(all_tiles <= 0x7fffffffLL);
+    MLA_CHECK(all_tiles <= 0x7fffffffLL, "shape: batch * ceil(max_len / 32) = %lld exceeds INT32_MAX",
+              static_cast<long long>(all_tiles));
+    const bool sm120_occupancy = tune.sm120_occupancy != 0;
     int dev = 0;
     MLA_CUDA_TRY(cudaGetDevice(&dev));
     int sm_count = 0, smem_per_sm = 0, optin = 0, major = 0;
@@ -88,6 +102,7 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int3
     s->q_len = q_len;
     s->num_heads = num_heads;
     s->max_len = max_len;
+    s->kv_format = fmt;
     s->num_m_tiles = m_tiles;
     s->num_parts = parts;
     s->smem_bytes = smem;
@@ -113,6 +128,7 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, int32_t batch, int3
 }
 
 extern "C" size_t mla_workspace_bytes(const mla_schedule_t* s) {
+    enter("mla_workspace_bytes");
     if (s == nullptr) return 0;
     return ws_bytes(s->num_parts, s->q_len * s->num_heads);
 }

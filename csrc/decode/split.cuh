@@ -64,11 +64,16 @@ struct Lens {
     }
     __device__ int len(int b) const { return clamp(raw(b), max_len); }
     __device__ int tiles(int b) const { return tiles_of(len(b)); }
-    // tiles(b) (p != NULL), recording a negative or too-large length in flag when record.
-    __device__ int tiles_checked(int b, bool record, uint32_t* flag) const {
+    // tiles(b) (p != NULL), recording a length outside [0, max_len] in flag when record:
+    // dense seq_len (kLensDense) as MLA_FAULT_NEGATIVE_SEQ_LEN / _SEQ_LEN_TOO_LARGE, sparse
+    // topk_len (kLensSparse) as MLA_FAULT_BAD_TOPK_LEN.
+    __device__ int tiles_checked(int b, bool record, int kind, uint32_t* flag) const {
         const int r = p[b];
-        if (record && r < 0) record_fault(flag, MLA_FAULT_NEGATIVE_SEQ_LEN, b, r);
-        if (record && r > max_len) record_fault(flag, MLA_FAULT_SEQ_LEN_TOO_LARGE, b, r);
+        if (record && (r < 0 || r > max_len)) {
+            const uint32_t code = kind == kLensSparse ? MLA_FAULT_BAD_TOPK_LEN
+                                                      : (r < 0 ? MLA_FAULT_NEGATIVE_SEQ_LEN : MLA_FAULT_SEQ_LEN_TOO_LARGE);
+            record_fault(flag, code, b, r);
+        }
         return tiles_of(clamp(r, max_len));
     }
 };
@@ -104,7 +109,7 @@ template <int kThreads>
 __device__ __forceinline__ int total_tiles(const DecodeArgs& a, const Lens& lens, bool record, int* scratch) {
     if (lens.p == nullptr) return a.batch * Lens::tiles_of(lens.max_len);
     int sum = 0;
-    for (int b = threadIdx.x; b < a.batch; b += kThreads) sum += lens.tiles_checked(b, record, a.flag);
+    for (int b = threadIdx.x; b < a.batch; b += kThreads) sum += lens.tiles_checked(b, record, a.check_lens, a.flag);
     int total;
     block_inclusive_sum<kThreads>(sum, scratch, &total);
     return total;
@@ -160,7 +165,7 @@ __device__ __forceinline__ PartPos find_part(const DecodeArgs& a, const Lens& le
         return p;
     } else if (a.batch <= kThreads) {
         const int b = threadIdx.x;
-        const int t = b < a.batch ? lens.tiles_checked(b, record, a.flag) : 0;
+        const int t = b < a.batch ? lens.tiles_checked(b, record, a.check_lens, a.flag) : 0;
         const int incl = block_inclusive_sum<kThreads>(t, scratch, &p.total);
         chunk = split_chunk(p.total, a.parts_div, a.min_chunk);
         p.lo = part_lo(part, chunk, p.total);
