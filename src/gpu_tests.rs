@@ -59,18 +59,41 @@ fn gpu_device_info_and_error_flag() {
     let mut flag = ErrorFlag::new(&stream).unwrap();
     assert_eq!(flag.check(&stream), Ok(()));
     stream
-        .memcpy_htod(&[3u32, 7, (-2i32) as u32, 0], flag.words_mut())
+        .memcpy_htod(&[3u32, 7, (-2i32) as u32, u32::MAX], flag.raw_mut())
         .unwrap();
+    let fault = Err(Error::DeviceFault {
+        code: FaultCode::SeqLenTooLarge,
+        row: 7,
+        value: -2,
+    });
+    assert_eq!(flag.check(&stream), fault);
+
+    // Non-blocking reads: behind an event, and device to device.
+    let reading = flag.read_async(&stream).unwrap();
+    assert_eq!(reading.wait(), fault);
+    assert_eq!(reading.try_get(), Some(fault.clone()));
+    let mut copy = stream.alloc_zeros::<u32>(6).unwrap();
+    flag.copy_to(&stream, &mut copy.slice_mut(2..)).unwrap();
     assert_eq!(
-        flag.check(&stream),
-        Err(Error::DeviceFault {
-            code: FaultCode::SeqLenTooLarge,
-            row: 7,
-            value: -2
-        })
+        stream.clone_dtoh(&copy).unwrap(),
+        [0, 0, 3, 7, (-2i32) as u32, u32::MAX]
     );
+    let err = flag.copy_to(&stream, &mut copy.slice_mut(..3));
+    assert!(
+        matches!(err, Err(Error::InvalidArgument { arg: "dst", .. })),
+        "{err:?}"
+    );
+
     flag.reset(&stream).unwrap();
     assert_eq!(flag.read(&stream).unwrap(), [0; 4]);
+    let mut reading = FlagReading::new(stream.context()).unwrap();
+    assert_eq!(
+        reading.try_get(),
+        Some(Ok(())),
+        "a fresh reading reads clear"
+    );
+    flag.read_async_into(&stream, &mut reading).unwrap();
+    assert_eq!(reading.wait(), Ok(()));
 }
 
 /// Dense bf16, 1 request, 2 heads, blocks of 16; logical blocks [2, 0]; seq_len 3, so the
@@ -99,7 +122,7 @@ fn gpu_dense_plumbing() {
     let poison = bf16::from_f64(12345.0);
     let mut out = stream.clone_htod(&vec![poison; heads * 640]).unwrap();
     let mut lse = stream.clone_htod(&vec![f32::NAN; heads]).unwrap();
-    let flag = ErrorFlag::new(&stream).unwrap();
+    let mut flag = ErrorFlag::new(&stream).unwrap();
 
     let shape = DenseShape {
         batch: 1,
@@ -107,24 +130,45 @@ fn gpu_dense_plumbing() {
         num_heads: heads,
         block_size: 16,
         max_blocks_per_seq: 2,
+        kv_format: KvFormat::Bf16,
     };
-    let plan = DecodePlan::dense(&stream, shape, PlanOptions::default()).unwrap();
+    let mut plan = DecodePlan::dense(&stream, shape, PlanOptions::default()).unwrap();
+    assert_eq!((plan.num_tokens(), plan.num_heads()), (1, heads));
+    assert_eq!(plan.kv_format(), KvFormat::Bf16);
+    assert!(plan.workspace_bytes() > 0);
     let scale = 1.0 / 16.0;
-    let kv = KvCache::contiguous(cache.as_view(), 16);
+    let kv = KvCache::contiguous(&cache, KvFormat::Bf16, 16).unwrap();
     assert_eq!(kv.num_blocks(), num_blocks);
-    let bt = BlockTable::new(table.as_view(), 1, 2);
+    let out_strides = Strides {
+        token: heads * 640,
+        head: 640,
+    };
+    let args = DenseArgs {
+        q: Query::contiguous(&q, heads),
+        kv_cache: kv,
+        block_table: BlockTable::new(
+            &table,
+            TableShape {
+                batch: 1,
+                max_blocks_per_seq: 2,
+            },
+        ),
+        seq_lens: &seq_lens,
+        softmax_scale: scale,
+    };
 
-    // Validation with real views: seq_lens shorter than the batch, a misaligned q.
+    // Validation with real views: seq_lens shorter than the batch, a misaligned q, a cache
+    // with a trailing partial block, an f16 plan for a bf16 cache.
+    let empty = seq_lens.slice(0..0);
     let err = dense_decode(
         &stream,
-        &plan,
-        &Query::contiguous(q.as_view(), heads),
-        &kv,
-        &bt,
-        &seq_lens.slice(0..0),
-        &mut Output::strided(out.as_view_mut(), heads * 640, 640),
+        &mut plan,
+        &DenseArgs {
+            seq_lens: &empty,
+            ..args
+        },
+        &mut Output::strided(&mut out, out_strides),
         None,
-        scale,
         None,
     );
     assert!(
@@ -137,34 +181,71 @@ fn gpu_dense_plumbing() {
         ),
         "{err:?}"
     );
+    let shifted = q.slice(1..);
     let err = dense_decode(
         &stream,
-        &plan,
-        &Query::strided(q.slice(1..), HEAD_DIM, HEAD_DIM),
-        &kv,
-        &bt,
-        &seq_lens.as_view(),
-        &mut Output::strided(out.as_view_mut(), heads * 640, 640),
+        &mut plan,
+        &DenseArgs {
+            q: Query::strided(
+                &shifted,
+                Strides {
+                    token: HEAD_DIM,
+                    head: HEAD_DIM,
+                },
+            ),
+            ..args
+        },
+        &mut Output::strided(&mut out, out_strides),
         None,
-        scale,
         None,
     );
     assert!(
         matches!(err, Err(Error::InvalidArgument { arg: "q", .. })),
         "{err:?}"
     );
+    let partial = cache.slice(..cache.len() - HEAD_DIM);
+    let err = KvCache::contiguous(&partial, KvFormat::Bf16, 16);
+    assert!(
+        matches!(
+            err,
+            Err(Error::InvalidArgument {
+                arg: "kv_cache",
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    let f16_shape = DenseShape {
+        kv_format: KvFormat::F16,
+        ..shape
+    };
+    let mut f16_plan = DecodePlan::dense(&stream, f16_shape, PlanOptions::default()).unwrap();
+    let err = dense_decode(
+        &stream,
+        &mut f16_plan,
+        &args,
+        &mut Output::strided(&mut out, out_strides),
+        None,
+        None,
+    );
+    assert!(
+        matches!(
+            err,
+            Err(Error::InvalidArgument {
+                arg: "kv_cache",
+                ..
+            })
+        ),
+        "{err:?}"
+    );
 
     dense_decode(
         &stream,
-        &plan,
-        &Query::contiguous(q.as_view(), heads),
-        &kv,
-        &bt,
-        &seq_lens.as_view(),
-        &mut Output::strided(out.as_view_mut(), heads * 640, 640),
-        Some(&mut Lse::contiguous(lse.as_view_mut(), heads)),
-        scale,
-        Some(&flag),
+        &mut plan,
+        &args,
+        &mut Output::strided(&mut out, out_strides),
+        Some(&mut Lse::contiguous(&mut lse, heads)),
+        Some(&mut flag),
     )
     .unwrap();
     flag.check(&stream).unwrap();
@@ -190,17 +271,24 @@ fn gpu_dense_plumbing() {
     let bad_table = stream.clone_htod(&[2i32, 99]).unwrap();
     let lens = stream.clone_htod(&[20i32]).unwrap();
     let mut out2 = stream.alloc_zeros::<bf16>(heads * LATENT_DIM).unwrap();
+    let bad_args = DenseArgs {
+        block_table: BlockTable::new(
+            &bad_table,
+            TableShape {
+                batch: 1,
+                max_blocks_per_seq: 2,
+            },
+        ),
+        seq_lens: &lens,
+        ..args
+    };
     dense_decode(
         &stream,
-        &plan,
-        &Query::contiguous(q.as_view(), heads),
-        &kv,
-        &BlockTable::new(bad_table.as_view(), 1, 2),
-        &lens.as_view(),
-        &mut Output::contiguous(out2.as_view_mut(), heads),
+        &mut plan,
+        &bad_args,
+        &mut Output::contiguous(&mut out2, heads),
         None,
-        scale,
-        Some(&flag),
+        Some(&mut flag),
     )
     .unwrap();
     match flag.check(&stream) {
@@ -246,37 +334,40 @@ fn gpu_sparse_plumbing() {
         .unwrap();
     // lse as FlashMLA lays it out: [heads, tokens].
     let mut lse = stream.clone_htod(&vec![f32::NAN; heads * tokens]).unwrap();
-    let flag = ErrorFlag::new(&stream).unwrap();
+    let mut flag = ErrorFlag::new(&stream).unwrap();
 
     let shape = SparseShape {
         num_tokens: tokens,
         num_heads: heads,
         topk,
+        kv_format: KvFormat::F16,
     };
-    let plan = DecodePlan::sparse(&stream, shape, PlanOptions::default()).unwrap();
-    let scale = 0.1f32;
-    let q = Query::split(
-        nope.as_view(),
-        heads * LATENT_DIM,
-        LATENT_DIM,
-        rope.as_view(),
-        heads * ROPE_DIM,
-        ROPE_DIM,
-    );
-    let kv = KvCache::contiguous(cache.as_view(), 16);
-    let indices = SparseIndices::contiguous(ids.as_view(), topk);
+    let mut plan = DecodePlan::sparse(&stream, shape, PlanOptions::default()).unwrap();
+    let args = SparseArgs {
+        q: Query::split(
+            &nope,
+            Strides::contiguous(heads, LATENT_DIM),
+            &rope,
+            Strides::contiguous(heads, ROPE_DIM),
+        ),
+        kv_cache: KvCache::contiguous(&cache, KvFormat::F16, 16).unwrap(),
+        indices: SparseIndices::contiguous(&ids, topk),
+        topk_len: Some(&topk_len),
+        softmax_scale: 0.1f32,
+    };
+    let scale = args.softmax_scale;
 
     // Validation with real views: topk_len shorter than the tokens.
+    let short = topk_len.slice(0..1);
     let err = sparse_decode(
         &stream,
-        &plan,
-        &q,
-        &kv,
-        &indices,
-        Some(&topk_len.slice(0..1)),
-        &mut Output::contiguous(out.as_view_mut(), heads),
+        &mut plan,
+        &SparseArgs {
+            topk_len: Some(&short),
+            ..args
+        },
+        &mut Output::contiguous(&mut out, heads),
         None,
-        scale,
         None,
     );
     assert!(
@@ -292,15 +383,17 @@ fn gpu_sparse_plumbing() {
 
     sparse_decode(
         &stream,
-        &plan,
-        &q,
-        &kv,
-        &indices,
-        Some(&topk_len.as_view()),
-        &mut Output::contiguous(out.as_view_mut(), heads),
-        Some(&mut Lse::strided(lse.as_view_mut(), 1, tokens)),
-        scale,
-        Some(&flag),
+        &mut plan,
+        &args,
+        &mut Output::contiguous(&mut out, heads),
+        Some(&mut Lse::strided(
+            &mut lse,
+            Strides {
+                token: 1,
+                head: tokens,
+            },
+        )),
+        Some(&mut flag),
     )
     .unwrap();
     match flag.check(&stream) {
@@ -336,7 +429,8 @@ fn gpu_sparse_plumbing() {
     }
 }
 
-/// Append three rows (one padded out by -1), then gather positions through a block table.
+/// Append three rows (one padded out by -1) from buffers longer than the step, then
+/// gather positions through a block table into the slots of the same cache.
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_append_and_gather() {
@@ -345,24 +439,43 @@ fn gpu_append_and_gather() {
     let mut cache = stream
         .alloc_zeros::<bf16>(num_blocks * 16 * HEAD_DIM)
         .unwrap();
-    // kv rows 640 apart: row i = i+1 in all dims.
-    let kv: Vec<bf16> = (0..3 * 640)
+    // kv rows 640 apart: row i = i+1 in all dims; a fourth row that must not be appended.
+    let kv: Vec<bf16> = (0..4 * 640)
         .map(|i| bf16::from_f64((i / 640 + 1) as f64))
         .collect();
     let kv = stream.clone_htod(&kv).unwrap();
-    let slots = stream.clone_htod(&[5i64, -1, 40]).unwrap();
-    let flag = ErrorFlag::new(&stream).unwrap();
+    let slots = stream.clone_htod(&[5i64, -1, 40, 41]).unwrap();
+    let mut flag = ErrorFlag::new(&stream).unwrap();
+    let append = AppendArgs {
+        kv: &kv,
+        kv_token_stride: 640,
+        slot_mapping: &slots,
+        num_tokens: 3,
+        scale_rule: None,
+    };
     {
-        let mut kc = KvCacheMut::contiguous(cache.as_view_mut(), 16);
-        append_kv(
+        let mut kc = KvCacheMut::contiguous(&mut cache, KvFormat::Bf16, 16).unwrap();
+        append_kv(&stream, &append, &mut kc, Some(&mut flag)).unwrap();
+        // A scale rule for a bf16 cache is refused, naming the field.
+        let err = append_kv(
             &stream,
-            &kv.as_view(),
-            640,
-            &slots.as_view(),
+            &AppendArgs {
+                scale_rule: Some(ScaleRule::Pow2),
+                ..append
+            },
             &mut kc,
-            Some(&flag),
-        )
-        .unwrap();
+            None,
+        );
+        assert!(
+            matches!(
+                err,
+                Err(Error::InvalidArgument {
+                    arg: "scale_rule",
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
     }
     flag.check(&stream).unwrap();
     let host = stream.clone_dtoh(&cache).unwrap();
@@ -378,54 +491,244 @@ fn gpu_append_and_gather() {
             "cache row {slot}: want {want}"
         );
     }
-    // A slot outside the cache: skipped and recorded.
-    let bad = stream.clone_htod(&[64i64]).unwrap();
+    // A slot outside the cache: skipped and recorded, all 64 bits of it.
+    let big = (1i64 << 33) + 5;
+    let bad = stream.clone_htod(&[big]).unwrap();
     {
-        let mut kc = KvCacheMut::contiguous(cache.as_view_mut(), 16);
-        append_kv(
-            &stream,
-            &kv.slice(..HEAD_DIM),
-            HEAD_DIM,
-            &bad.as_view(),
-            &mut kc,
-            Some(&flag),
-        )
-        .unwrap();
+        let mut kc = KvCacheMut::contiguous(&mut cache, KvFormat::Bf16, 16).unwrap();
+        let args = AppendArgs {
+            kv_token_stride: HEAD_DIM,
+            slot_mapping: &bad,
+            num_tokens: 1,
+            ..append
+        };
+        append_kv(&stream, &args, &mut kc, Some(&mut flag)).unwrap();
     }
     match flag.check(&stream) {
         Err(Error::DeviceFault {
             code: FaultCode::BadAppendSlot,
             row: 0,
-            value: 64,
-        }) => {}
-        other => panic!("expected a BadAppendSlot fault, got {other:?}"),
+            value,
+        }) if value == big => {}
+        other => panic!("expected a BadAppendSlot fault of {big}, got {other:?}"),
     }
     flag.reset(&stream).unwrap();
 
-    // Gather: 2 requests, tables [[2, 0], [1, 3]], seq_lens [20, 5]; out rows 6 apart.
+    // Gather: 2 requests, tables [[2, 0], [1, 3]], seq_lens [20, 5]; out rows 6 apart; the
+    // buffers hold a third token that must not be gathered.
     let table = stream.clone_htod(&[2i32, 0, 1, 3]).unwrap();
     let lens = stream.clone_htod(&[20i32, 5]).unwrap();
-    let positions = stream.clone_htod(&[0i32, 17, 20, -1, 4, 5, 0, 3]).unwrap();
-    let req = stream.clone_htod(&[0i32, 1]).unwrap();
-    let mut out = stream.clone_htod(&[777i32; 12]).unwrap();
-    gather_slots(
+    let positions = stream
+        .clone_htod(&[0i32, 17, 20, -1, 4, 5, 0, 3, 0, 0, 0, 0])
+        .unwrap();
+    let req = stream.clone_htod(&[0i32, 1, 0]).unwrap();
+    let mut out = stream.clone_htod(&[777i32; 18]).unwrap();
+    let gather = GatherArgs {
+        positions: &positions,
+        positions_stride: 4,
+        req_id: &req,
+        block_table: BlockTable::new(
+            &table,
+            TableShape {
+                batch: 2,
+                max_blocks_per_seq: 2,
+            },
+        ),
+        seq_lens: &lens,
+        kv_cache: KvCache::contiguous(&cache, KvFormat::Bf16, 16).unwrap(),
+        topk: 4,
+        num_tokens: 2,
+        out_stride: 6,
+    };
+    gather_slots(&stream, &gather, &mut out, Some(&mut flag)).unwrap();
+    flag.check(&stream).unwrap();
+    let mut want = vec![32, 1, -1, -1, 777, 777, 20, -1, 16, 19, 777, 777];
+    want.extend([777; 6]);
+    assert_eq!(stream.clone_dtoh(&out).unwrap(), want);
+}
+
+/// fp8 caches are described and validated, and refused as unsupported until the kernels
+/// exist (issue #12); a per-tensor cache needs its scale.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_fp8_caches_are_unsupported() {
+    let stream = stream();
+    let (heads, block_size) = (8, 64);
+    let cache = stream
+        .alloc_zeros::<u8>(4 * block_size * KvFormat::Fp8DsMla.row_bytes())
+        .unwrap();
+    let table = stream.clone_htod(&[0i32, 1]).unwrap();
+    let seq_lens = stream.clone_htod(&[100i32]).unwrap();
+    let q = stream.alloc_zeros::<bf16>(heads * HEAD_DIM).unwrap();
+    let mut out = stream.alloc_zeros::<bf16>(heads * LATENT_DIM).unwrap();
+    let shape = DenseShape {
+        batch: 1,
+        q_len: 1,
+        num_heads: heads,
+        block_size,
+        max_blocks_per_seq: 2,
+        kv_format: KvFormat::Fp8DsMla,
+    };
+    let mut plan = DecodePlan::dense(&stream, shape, PlanOptions::default()).unwrap();
+    let args = DenseArgs {
+        q: Query::contiguous(&q, heads),
+        kv_cache: KvCache::contiguous(&cache, KvFormat::Fp8DsMla, block_size).unwrap(),
+        block_table: BlockTable::new(
+            &table,
+            TableShape {
+                batch: 1,
+                max_blocks_per_seq: 2,
+            },
+        ),
+        seq_lens: &seq_lens,
+        softmax_scale: 0.1,
+    };
+    let err = dense_decode(
         &stream,
-        &positions.as_view(),
-        4,
-        4,
-        &req.as_view(),
-        &BlockTable::new(table.as_view(), 2, 2),
-        &lens.as_view(),
-        num_blocks,
-        16,
-        &mut out.as_view_mut(),
-        6,
-        Some(&flag),
+        &mut plan,
+        &args,
+        &mut Output::contiguous(&mut out, heads),
+        None,
+        None,
+    );
+    assert!(matches!(err, Err(Error::Unsupported(_))), "{err:?}");
+
+    let per_tensor = stream
+        .alloc_zeros::<u8>(4 * block_size * KvFormat::Fp8PerTensor.row_bytes())
+        .unwrap();
+    let scale = stream.clone_htod(&[0.5f32]).unwrap();
+    let mut plan = DecodePlan::dense(
+        &stream,
+        DenseShape {
+            kv_format: KvFormat::Fp8PerTensor,
+            ..shape
+        },
+        PlanOptions::default(),
     )
     .unwrap();
-    flag.check(&stream).unwrap();
-    assert_eq!(
-        stream.clone_dtoh(&out).unwrap(),
-        [32, 1, -1, -1, 777, 777, 20, -1, 16, 19, 777, 777]
+    let kv = KvCache::contiguous(&per_tensor, KvFormat::Fp8PerTensor, block_size).unwrap();
+    for (kv_cache, unsupported) in [(kv, false), (kv.with_scale(&scale), true)] {
+        let err = dense_decode(
+            &stream,
+            &mut plan,
+            &DenseArgs { kv_cache, ..args },
+            &mut Output::contiguous(&mut out, heads),
+            None,
+            None,
+        );
+        if unsupported {
+            assert!(matches!(err, Err(Error::Unsupported(_))), "{err:?}");
+        } else {
+            assert!(
+                matches!(
+                    err,
+                    Err(Error::InvalidArgument {
+                        arg: "kv_cache",
+                        ..
+                    })
+                ),
+                "{err:?}"
+            );
+        }
+    }
+}
+
+/// A dense step captured in a graph and replayed with new lengths written into the captured
+/// buffer; the flag's words copied out on the device after each replay.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_capture_graph() {
+    assert!(cuda_available(), "libcuda not found: this test needs a GPU");
+    // A context of its own: event tracking is turned off on it (context-wide, unsafe).
+    let ctx = CudaContext::new(0).expect("CUDA context on device 0");
+    let tracked = ctx.new_stream().unwrap();
+    let refused = capture_graph(&tracked, || Ok(()));
+    assert!(
+        matches!(refused, Err(Error::Capture(_))),
+        "{:?}",
+        refused.err()
     );
+    // SAFETY: this test orders its work on one stream.
+    unsafe { ctx.disable_event_tracking() };
+    let stream = ctx.new_stream().unwrap();
+
+    let (heads, num_blocks) = (2, 4);
+    let value = |slot: usize| (slot + 1) as f64 / 64.0;
+    let cache = stream
+        .clone_htod(&cache_rows::<bf16>(num_blocks, value))
+        .unwrap();
+    let table = stream.clone_htod(&[0i32, 1, 2, 3]).unwrap();
+    let mut seq_lens = stream.clone_htod(&[1i32]).unwrap();
+    let q = stream
+        .clone_htod(&vec![bf16::from_f64(1.0 / 64.0); heads * HEAD_DIM])
+        .unwrap();
+    let mut out = stream.alloc_zeros::<bf16>(heads * LATENT_DIM).unwrap();
+    let mut snapshot = stream.alloc_zeros::<u32>(4).unwrap();
+    let shape = DenseShape {
+        batch: 1,
+        q_len: 1,
+        num_heads: heads,
+        block_size: 16,
+        max_blocks_per_seq: 4,
+        kv_format: KvFormat::Bf16,
+    };
+    let mut plan = DecodePlan::dense(&stream, shape, PlanOptions::default()).unwrap();
+    let mut flag = ErrorFlag::new(&stream).unwrap();
+    let scale = 0.5f32;
+
+    let graph = {
+        let args = DenseArgs {
+            q: Query::contiguous(&q, heads),
+            kv_cache: KvCache::contiguous(&cache, KvFormat::Bf16, 16).unwrap(),
+            block_table: BlockTable::new(
+                &table,
+                TableShape {
+                    batch: 1,
+                    max_blocks_per_seq: 4,
+                },
+            ),
+            seq_lens: &seq_lens,
+            softmax_scale: scale,
+        };
+        capture_graph(&stream, || {
+            // Allocating inside the capture is refused.
+            let inner = DecodePlan::dense(&stream, shape, PlanOptions::default());
+            assert!(matches!(inner, Err(Error::Capture(_))), "{inner:?}");
+            assert!(matches!(ErrorFlag::new(&stream), Err(Error::Capture(_))));
+            flag.reset(&stream)?;
+            dense_decode(
+                &stream,
+                &mut plan,
+                &args,
+                &mut Output::contiguous(&mut out, heads),
+                None,
+                Some(&mut flag),
+            )?;
+            flag.copy_to(&stream, &mut snapshot)
+        })
+        .unwrap()
+    };
+    for len in [1i32, 17, 64, 65] {
+        stream.memcpy_htod(&[len], &mut seq_lens).unwrap();
+        graph.launch().unwrap();
+        let got = stream.clone_dtoh(&out).unwrap();
+        let words = stream.clone_dtoh(&snapshot).unwrap();
+        let visible = len.min(64) as usize;
+        let cs: Vec<f64> = (0..visible).map(value).collect();
+        for h in 0..heads {
+            let (o, _) = expected(&cs, 9.0, scale as f64);
+            close(
+                got[h * LATENT_DIM].to_f64(),
+                o,
+                1e-2,
+                &format!("len {len} out[{h}]"),
+            );
+        }
+        if len > 64 {
+            assert_eq!(words[..2], [3, 0], "len {len}: SeqLenTooLarge on request 0");
+            assert_eq!(words[2], len as u32);
+        } else {
+            assert_eq!(words, [0; 4], "len {len}");
+        }
+    }
 }
