@@ -3,8 +3,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{
-    result, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
-    PinnedHostSlice, SyncOnDrop,
+    result, CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PinnedHostSlice, SyncOnDrop,
 };
 
 use crate::buffer::{self, DeviceWrite};
@@ -182,7 +181,7 @@ impl ErrorFlag {
     /// behind an event and returns at once. Allocates the [`FlagReading`]; to reuse one, see
     /// [`read_async_into`](ErrorFlag::read_async_into).
     pub fn read_async(&self, stream: &Arc<CudaStream>) -> Result<FlagReading> {
-        let mut reading = FlagReading::new(stream.context())?;
+        let mut reading = FlagReading::new(stream)?;
         self.read_async_into(stream, &mut reading)?;
         Ok(reading)
     }
@@ -261,9 +260,12 @@ pub struct FlagReading {
 }
 
 impl FlagReading {
-    /// A cleared reading for flags of `ctx`, to fill with
-    /// [`ErrorFlag::read_async_into`]; allocates 16 bytes of pinned host memory.
-    pub fn new(ctx: &Arc<CudaContext>) -> Result<FlagReading> {
+    /// A cleared reading for flags read on streams of `stream`'s context, to fill with
+    /// [`ErrorFlag::read_async_into`]; allocates 16 bytes of pinned host memory (refused
+    /// while `stream` is capturing).
+    pub fn new(stream: &Arc<CudaStream>) -> Result<FlagReading> {
+        refuse_while_capturing(stream, "FlagReading::new")?;
+        let ctx = stream.context();
         // SAFETY: the memory is initialized right below, before anything reads it.
         let mut host = unsafe { ctx.alloc_pinned_with_flags::<u32>(4, 0) }?;
         host.as_mut_slice()?.fill(0);

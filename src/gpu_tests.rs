@@ -86,7 +86,7 @@ fn gpu_device_info_and_error_flag() {
 
     flag.reset(&stream).unwrap();
     assert_eq!(flag.read(&stream).unwrap(), [0; 4]);
-    let mut reading = FlagReading::new(stream.context()).unwrap();
+    let mut reading = FlagReading::new(&stream).unwrap();
     assert_eq!(
         reading.try_get(),
         Some(Ok(())),
@@ -346,9 +346,15 @@ fn gpu_sparse_plumbing() {
     let args = SparseArgs {
         q: Query::split(
             &nope,
-            Strides::contiguous(heads, LATENT_DIM),
+            Strides {
+                token: heads * LATENT_DIM,
+                head: LATENT_DIM,
+            },
             &rope,
-            Strides::contiguous(heads, ROPE_DIM),
+            Strides {
+                token: heads * ROPE_DIM,
+                head: ROPE_DIM,
+            },
         ),
         kv_cache: KvCache::contiguous(&cache, KvFormat::F16, 16).unwrap(),
         indices: SparseIndices::contiguous(&ids, topk),

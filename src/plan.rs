@@ -229,13 +229,13 @@ impl DecodePlan {
     }
 }
 
-/// Refuses, with [`Error::Capture`], to run `what` (which allocates or queries the device)
-/// on a stream that is capturing a CUDA graph.
+/// Refuses, with [`Error::Capture`], to run `what` (which allocates) on a stream that is
+/// capturing a CUDA graph.
 pub(crate) fn refuse_while_capturing(stream: &CudaStream, what: &str) -> Result<()> {
     match stream.capture_status()? {
         sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Ok(()),
         status => Err(Error::Capture(format!(
-            "{what} allocates device memory: make it before capturing a graph (stream capture status {status:?})"
+            "{what} allocates: make it before capturing a graph (stream capture status {status:?})"
         ))),
     }
 }

@@ -25,7 +25,7 @@ pub struct Strides {
 
 impl Strides {
     /// The strides of a dense `[tokens, num_heads, width]` tensor.
-    pub const fn contiguous(num_heads: usize, width: usize) -> Strides {
+    pub(crate) const fn contiguous(num_heads: usize, width: usize) -> Strides {
         Strides {
             token: num_heads * width,
             head: width,
@@ -242,11 +242,15 @@ pub struct CacheLayout {
 impl CacheLayout {
     /// Unpadded blocks filling `bytes` exactly: an error naming `kv_cache` when `bytes` is not
     /// a whole number of blocks (a trailing partial block would make valid-looking block
-    /// ids unreadable) or the block size is not one of [`BLOCK_SIZES`].
-    pub fn contiguous(format: KvFormat, block_size: usize, bytes: usize) -> Result<CacheLayout> {
+    /// ids unreadable), or `block_size` when it is not one of [`BLOCK_SIZES`].
+    pub(crate) fn contiguous(
+        format: KvFormat,
+        block_size: usize,
+        bytes: usize,
+    ) -> Result<CacheLayout> {
         if !BLOCK_SIZES.contains(&block_size) {
             return Err(Error::invalid(
-                "kv_cache",
+                "block_size",
                 format!("block_size {block_size}: want one of {BLOCK_SIZES:?}"),
             ));
         }
@@ -298,22 +302,24 @@ pub struct KvCacheMut<'a> {
 }
 
 impl<'a> KvCache<'a> {
-    /// Unpadded blocks of `block_size` rows in `format` filling the whole buffer; an error
-    /// (naming `kv_cache`) when its byte length is not a whole number of blocks.
+    /// Unpadded blocks of `block_size` rows in `format` filling the whole buffer: an error
+    /// naming `kv_cache` when its byte length is not a whole number of blocks (a trailing
+    /// partial block would turn valid-looking block ids into device faults), or
+    /// `block_size` when that is not one of [`BLOCK_SIZES`].
     pub fn contiguous<E>(
-        cache: &'a impl DeviceRead<E>,
+        kv_cache: &'a impl DeviceRead<E>,
         format: KvFormat,
         block_size: usize,
     ) -> Result<Self> {
-        let layout = CacheLayout::contiguous(format, block_size, cache.byte_len())?;
-        Ok(KvCache::new(cache, layout))
+        let layout = CacheLayout::contiguous(format, block_size, kv_cache.byte_len())?;
+        Ok(KvCache::new(kv_cache, layout))
     }
 
     /// Blocks as `layout` says (padded blocks, or only the first blocks of a buffer);
     /// checked by the call that uses it.
-    pub fn new<E>(cache: &'a impl DeviceRead<E>, layout: CacheLayout) -> Self {
+    pub fn new<E>(kv_cache: &'a impl DeviceRead<E>, layout: CacheLayout) -> Self {
         KvCache {
-            bytes: cache,
+            bytes: kv_cache,
             layout,
             scale: None,
         }
@@ -366,21 +372,21 @@ impl<'a> KvCache<'a> {
 }
 
 impl<'a> KvCacheMut<'a> {
-    /// Unpadded blocks of `block_size` rows in `format` filling the whole buffer; an error
-    /// (naming `kv_cache`) when its byte length is not a whole number of blocks.
+    /// Unpadded blocks of `block_size` rows in `format` filling the whole buffer; errors as
+    /// [`KvCache::contiguous`].
     pub fn contiguous<E>(
-        cache: &'a mut impl DeviceWrite<E>,
+        kv_cache: &'a mut impl DeviceWrite<E>,
         format: KvFormat,
         block_size: usize,
     ) -> Result<Self> {
-        let layout = CacheLayout::contiguous(format, block_size, cache.byte_len())?;
-        Ok(KvCacheMut::new(cache, layout))
+        let layout = CacheLayout::contiguous(format, block_size, kv_cache.byte_len())?;
+        Ok(KvCacheMut::new(kv_cache, layout))
     }
 
     /// Blocks as `layout` says; checked by the call that uses it.
-    pub fn new<E>(cache: &'a mut impl DeviceWrite<E>, layout: CacheLayout) -> Self {
+    pub fn new<E>(kv_cache: &'a mut impl DeviceWrite<E>, layout: CacheLayout) -> Self {
         KvCacheMut {
-            bytes: cache,
+            bytes: kv_cache,
             layout,
             scale: None,
         }
@@ -590,7 +596,7 @@ mod tests {
             assert!(matches!(
                 CacheLayout::contiguous(KvFormat::F16, bs, 1 << 20),
                 Err(Error::InvalidArgument {
-                    arg: "kv_cache",
+                    arg: "block_size",
                     ..
                 })
             ));
