@@ -1,11 +1,15 @@
-//! Which cudarc buffers the calls accept: [`DeviceRead`] and [`DeviceWrite`].
+//! Which cudarc buffers the calls accept.
 //!
-//! Every entry point and view takes `&buffer` for what it reads and `&mut buffer` for what it
-//! writes, where the buffer is a [`CudaSlice`], a [`CudaView`] or a [`CudaViewMut`] (write:
-//! a `CudaSlice` or a `CudaViewMut`): no `.as_view()` at the call site, and a sub-range is
-//! `&slice.slice(a..b)`. The traits are sealed: the crate needs the device address, the byte
-//! length, the device and cudarc's stream-ordering guard, which only cudarc's own types
-//! provide.
+//! - Argument-struct fields and call parameters take `&buf` for what they read and
+//!   `&mut buf` for what they write: [`DeviceRead`] is implemented by [`CudaSlice`],
+//!   [`CudaView`] and [`CudaViewMut`], [`DeviceWrite`] by `CudaSlice` and `CudaViewMut`. No
+//!   `.as_view()` at the call site; a sub-range is `&slice.slice(a..b)`.
+//! - View constructors ([`Query`](crate::Query), [`Output`](crate::Output), ...) take the same
+//!   references, or a cudarc view **by value** ([`IntoDeviceRead`], [`IntoDeviceWrite`]):
+//!   `Query::strided(buf.slice(off..), strides)` can be returned from a helper function.
+//!
+//! The traits are sealed: the crate needs the device address, the byte length, the device
+//! and cudarc's stream-ordering guard, which cudarc's own types provide.
 
 use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop,
@@ -14,106 +18,145 @@ use cudarc::driver::{
 use crate::validate::Buf;
 
 pub(crate) mod sealed {
-    use cudarc::driver::{CudaStream, SyncOnDrop};
+    use cudarc::driver::{CudaView, CudaViewMut};
 
-    /// What the crate needs from a device buffer, whatever its element type.
-    pub trait Buffer {
-        /// Length in bytes.
-        fn byte_len(&self) -> usize;
-        /// Ordinal of the device holding it.
-        fn device_ordinal(&self) -> usize;
-        /// Device address for reading on `stream`, with cudarc's guard (which, with event
-        /// tracking on, records the use when dropped after the launch).
-        fn bind_read<'s>(&'s self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>);
+    /// A buffer of `T` that can be read: a view of it.
+    pub trait Read<T> {
+        fn view(&self) -> CudaView<'_, T>;
     }
 
-    /// A [`Buffer`] that may be written.
-    pub trait BufferMut: Buffer {
-        /// Device address for writing on `stream`, with cudarc's guard.
-        fn bind_write<'s>(&'s mut self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>);
-        /// The same buffer, read-only.
-        fn as_buffer(&self) -> &dyn Buffer;
+    /// A buffer of `T` that can be written: a mutable view of it, as `T` or as bytes.
+    pub trait Write<T> {
+        fn view_mut(&mut self) -> CudaViewMut<'_, T>;
+        fn bytes_mut(&mut self) -> CudaViewMut<'_, u8>;
+    }
+
+    /// Conversion into a view that lives as long as the borrow it came from.
+    pub trait IntoView<'a, T> {
+        fn into_view(self) -> CudaView<'a, T>;
+    }
+
+    /// Conversion into a mutable view that lives as long as the borrow it came from.
+    pub trait IntoViewMut<'a, T> {
+        fn into_view_mut(self) -> CudaViewMut<'a, T>;
     }
 }
 
-use sealed::{Buffer, BufferMut};
+/// A device buffer of `T` that a call may read: a [`CudaSlice<T>`], [`CudaView<T>`] or
+/// [`CudaViewMut<T>`], passed as `&buf` (sealed).
+pub trait DeviceRead<T>: sealed::Read<T> {}
 
-/// A device buffer of `T` that a call may read: `&CudaSlice<T>`, `&CudaView<T>` or
-/// `&CudaViewMut<T>` (sealed).
-pub trait DeviceRead<T>: Buffer {}
+/// A device buffer of `T` that a call may write: a [`CudaSlice<T>`] or [`CudaViewMut<T>`],
+/// passed as `&mut buf` (sealed).
+pub trait DeviceWrite<T>: DeviceRead<T> + sealed::Write<T> {}
 
-/// A device buffer of `T` that a call may write: `&mut CudaSlice<T>` or `&mut CudaViewMut<T>`
+/// What a view constructor accepts for a buffer it reads: `&buf` for any [`DeviceRead`]
+/// buffer, or a [`CudaView`] by value (e.g. `buf.slice(a..b)`) (sealed).
+pub trait IntoDeviceRead<'a, T>: sealed::IntoView<'a, T> {}
+
+/// What a view constructor accepts for a buffer it writes: `&mut buf` for any
+/// [`DeviceWrite`] buffer, or a [`CudaViewMut`] by value (e.g. `buf.slice_mut(a..b)`)
 /// (sealed).
-pub trait DeviceWrite<T>: DeviceRead<T> + BufferMut {}
+pub trait IntoDeviceWrite<'a, T>: sealed::IntoViewMut<'a, T> {}
 
-macro_rules! debug_dyn {
-    ($($ty:ty),*) => {$(
-        impl<T> std::fmt::Debug for $ty {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                debug_buffer(self, f)
-            }
-        }
-    )*};
+impl<T> sealed::Read<T> for CudaSlice<T> {
+    fn view(&self) -> CudaView<'_, T> {
+        self.as_view()
+    }
 }
-debug_dyn!(dyn DeviceRead<T> + '_, dyn DeviceWrite<T> + '_);
+impl<T> sealed::Read<T> for CudaView<'_, T> {
+    fn view(&self) -> CudaView<'_, T> {
+        self.slice(..)
+    }
+}
+impl<T> sealed::Read<T> for CudaViewMut<'_, T> {
+    fn view(&self) -> CudaView<'_, T> {
+        self.as_view()
+    }
+}
+impl<T> DeviceRead<T> for CudaSlice<T> {}
+impl<T> DeviceRead<T> for CudaView<'_, T> {}
+impl<T> DeviceRead<T> for CudaViewMut<'_, T> {}
 
-impl std::fmt::Debug for dyn Buffer + '_ {
+impl<T> sealed::Write<T> for CudaSlice<T> {
+    fn view_mut(&mut self) -> CudaViewMut<'_, T> {
+        self.as_view_mut()
+    }
+    fn bytes_mut(&mut self) -> CudaViewMut<'_, u8> {
+        let bytes = self.num_bytes();
+        // SAFETY: every byte pattern is a valid u8; the view covers exactly the slice.
+        unsafe { self.transmute_mut::<u8>(bytes) }.expect("a slice holds its own bytes")
+    }
+}
+impl<T> sealed::Write<T> for CudaViewMut<'_, T> {
+    fn view_mut(&mut self) -> CudaViewMut<'_, T> {
+        self.slice_mut(..)
+    }
+    fn bytes_mut(&mut self) -> CudaViewMut<'_, u8> {
+        let bytes = DeviceSlice::num_bytes(self);
+        // SAFETY: as above.
+        unsafe { self.transmute_mut::<u8>(bytes) }.expect("a view holds its own bytes")
+    }
+}
+impl<T> DeviceWrite<T> for CudaSlice<T> {}
+impl<T> DeviceWrite<T> for CudaViewMut<'_, T> {}
+
+impl<'a, T, B: DeviceRead<T> + ?Sized> sealed::IntoView<'a, T> for &'a B {
+    fn into_view(self) -> CudaView<'a, T> {
+        self.view()
+    }
+}
+impl<'a, T> sealed::IntoView<'a, T> for CudaView<'a, T> {
+    fn into_view(self) -> CudaView<'a, T> {
+        self
+    }
+}
+impl<'a, T, B: DeviceRead<T> + ?Sized> IntoDeviceRead<'a, T> for &'a B {}
+impl<'a, T> IntoDeviceRead<'a, T> for CudaView<'a, T> {}
+
+impl<'a, T, B: DeviceWrite<T> + ?Sized> sealed::IntoViewMut<'a, T> for &'a mut B {
+    fn into_view_mut(self) -> CudaViewMut<'a, T> {
+        self.view_mut()
+    }
+}
+impl<'a, T> sealed::IntoViewMut<'a, T> for CudaViewMut<'a, T> {
+    fn into_view_mut(self) -> CudaViewMut<'a, T> {
+        self
+    }
+}
+impl<'a, T, B: DeviceWrite<T> + ?Sized> IntoDeviceWrite<'a, T> for &'a mut B {}
+impl<'a, T> IntoDeviceWrite<'a, T> for CudaViewMut<'a, T> {}
+
+impl<T> std::fmt::Debug for dyn DeviceRead<T> + '_ {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        debug_buffer(self, f)
+        let v = sealed::Read::view(self);
+        write!(
+            f,
+            "DeviceRead {{ bytes: {}, device: {} }}",
+            v.num_bytes(),
+            ordinal_of(&v)
+        )
     }
 }
 
-impl std::fmt::Debug for dyn BufferMut + '_ {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        debug_buffer(self, f)
-    }
+/// A view of `b` (a `&dyn DeviceRead` field of an argument struct).
+pub(crate) fn view_of<T>(b: &(impl DeviceRead<T> + ?Sized)) -> CudaView<'_, T> {
+    sealed::Read::view(b)
 }
 
-fn debug_buffer(b: &(impl Buffer + ?Sized), f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-    write!(
-        f,
-        "DeviceBuffer {{ bytes: {}, device: {} }}",
-        b.byte_len(),
-        b.device_ordinal()
-    )
+/// A view of `b`, or `None`.
+pub(crate) fn view_of_opt<'a, T>(b: Option<&'a dyn DeviceRead<T>>) -> Option<CudaView<'a, T>> {
+    b.map(|b| sealed::Read::view(b))
+}
+
+/// A mutable view of `b`.
+pub(crate) fn view_mut_of<T>(b: &mut (impl DeviceWrite<T> + ?Sized)) -> CudaViewMut<'_, T> {
+    sealed::Write::view_mut(b)
 }
 
 fn ordinal_of<T>(s: &impl DeviceSlice<T>) -> usize {
     s.stream().context().ordinal()
 }
-
-macro_rules! readable {
-    ($($ty:ty),*) => {$(
-        impl<T> Buffer for $ty {
-            fn byte_len(&self) -> usize {
-                DeviceSlice::num_bytes(self)
-            }
-            fn device_ordinal(&self) -> usize {
-                ordinal_of(self)
-            }
-            fn bind_read<'s>(&'s self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>) {
-                self.device_ptr(stream)
-            }
-        }
-        impl<T> DeviceRead<T> for $ty {}
-    )*};
-}
-readable!(CudaSlice<T>, CudaView<'_, T>, CudaViewMut<'_, T>);
-
-macro_rules! writable {
-    ($($ty:ty),*) => {$(
-        impl<T> BufferMut for $ty {
-            fn bind_write<'s>(&'s mut self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>) {
-                self.device_ptr_mut(stream)
-            }
-            fn as_buffer(&self) -> &dyn Buffer {
-                self
-            }
-        }
-        impl<T> DeviceWrite<T> for $ty {}
-    )*};
-}
-writable!(CudaSlice<T>, CudaViewMut<'_, T>);
 
 /// A buffer bound to a stream for one launch: its address, its description for validation
 /// and cudarc's guard, which must be dropped after the launch.
@@ -123,24 +166,32 @@ pub(crate) struct Bound<'s> {
     _guard: SyncOnDrop<'s>,
 }
 
-/// Binds `b` for reading on `stream`.
-pub(crate) fn read<'s>(b: &'s (impl Buffer + ?Sized), stream: &'s CudaStream) -> Bound<'s> {
-    let (addr, guard) = b.bind_read(stream);
+/// Binds `v` for reading on `stream`.
+pub(crate) fn read<'s, T>(v: &'s CudaView<'_, T>, stream: &'s CudaStream) -> Bound<'s> {
+    let (addr, guard) = v.device_ptr(stream);
     Bound {
         addr,
         buf: Buf {
             addr,
-            bytes: b.byte_len(),
-            device: b.device_ordinal(),
+            bytes: v.num_bytes(),
+            device: ordinal_of(v),
         },
         _guard: guard,
     }
 }
 
-/// Binds `b` for writing on `stream`.
-pub(crate) fn write<'s>(b: &'s mut (impl BufferMut + ?Sized), stream: &'s CudaStream) -> Bound<'s> {
-    let (bytes, device) = (b.byte_len(), b.device_ordinal());
-    let (addr, guard) = b.bind_write(stream);
+/// Binds an optional view for reading: `None` stays `None` (address 0, NULL).
+pub(crate) fn read_opt<'s, T>(
+    v: &'s Option<CudaView<'_, T>>,
+    stream: &'s CudaStream,
+) -> Option<Bound<'s>> {
+    v.as_ref().map(|v| read(v, stream))
+}
+
+/// Binds `v` for writing on `stream`.
+pub(crate) fn write<'s, T>(v: &'s mut CudaViewMut<'_, T>, stream: &'s CudaStream) -> Bound<'s> {
+    let (bytes, device) = (v.num_bytes(), ordinal_of(v));
+    let (addr, guard) = v.device_ptr_mut(stream);
     Bound {
         addr,
         buf: Buf {
@@ -150,14 +201,6 @@ pub(crate) fn write<'s>(b: &'s mut (impl BufferMut + ?Sized), stream: &'s CudaSt
         },
         _guard: guard,
     }
-}
-
-/// Binds an optional buffer for reading: `None` gives address 0 (NULL).
-pub(crate) fn read_opt<'s>(
-    b: Option<&'s (impl Buffer + ?Sized)>,
-    stream: &'s CudaStream,
-) -> Option<Bound<'s>> {
-    b.map(|b| read(b, stream))
 }
 
 /// The address of an optional bound buffer (0 = NULL).

@@ -70,8 +70,9 @@ pub fn append_kv<T: Element>(
     kv_cache: &mut KvCacheMut,
     error_flag: Option<&mut ErrorFlag>,
 ) -> Result<()> {
-    let kv = buffer::read(args.kv, stream);
-    let slots = buffer::read(args.slot_mapping, stream);
+    let (kv_view, slots_view) = (buffer::view_of(args.kv), buffer::view_of(args.slot_mapping));
+    let kv = buffer::read(&kv_view, stream);
+    let slots = buffer::read(&slots_view, stream);
     let cache = kv_cache.bind(stream);
     let (flag, flag_buf, _g_flag) = bind_flag(error_flag, stream);
     validate::append(&validate::AppendCall {
@@ -112,7 +113,7 @@ pub fn append_kv<T: Element>(
 
 /// What [`gather_slots`] reads: the indexer's request-logical positions and how to map them
 /// to the global slot ids of `kv_cache`.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct GatherArgs<'a> {
     /// Positions within each token's request, `[num_tokens, topk]` int32, rows
     /// `positions_stride` elements apart.
@@ -197,12 +198,12 @@ pub fn gather_slots(
     out: &mut impl DeviceWrite<i32>,
     error_flag: Option<&mut ErrorFlag>,
 ) -> Result<()> {
-    let pos = buffer::read(args.positions, stream);
-    let req = buffer::read(args.req_id, stream);
+    let views = [args.positions, args.req_id, args.seq_lens].map(buffer::view_of);
+    let [pos, req, lens] = views.each_ref().map(|v| buffer::read(v, stream));
     let (table, bt) = args.block_table.bind(stream);
-    let lens = buffer::read(args.seq_lens, stream);
     let cache = args.kv_cache.bind(stream);
-    let o = buffer::write(out, stream);
+    let mut out_view = buffer::view_mut_of(out);
+    let o = buffer::write(&mut out_view, stream);
     let (flag, flag_buf, _g_flag) = bind_flag(error_flag, stream);
     validate::gather(&validate::GatherCall {
         device: ordinal(stream),

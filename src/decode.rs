@@ -16,10 +16,10 @@ use crate::tensor::{
 use crate::types::Element;
 use crate::validate::{self, Buf, Rows};
 
-/// What a dense decode reads (besides the plan): the inputs of
-/// [`dense_decode`]. Cheap to copy: build it once per step and change `kv_cache` per layer
-/// (`DenseArgs { kv_cache: caches[layer], ..args }`).
-#[derive(Clone, Copy, Debug)]
+/// What a dense decode reads (besides the plan): the inputs of [`dense_decode`]. Cheap to
+/// clone: build it once per step and change the cache per layer
+/// (`DenseArgs { kv_cache: caches[layer].clone(), ..args.clone() }`).
+#[derive(Clone, Debug)]
 pub struct DenseArgs<'a, T> {
     /// Queries `[batch · q_len, heads, 576]`; token `b · q_len + i` is query row `i` of
     /// request `b`.
@@ -36,7 +36,7 @@ pub struct DenseArgs<'a, T> {
 }
 
 /// What a sparse decode reads (besides the plan): the inputs of [`sparse_decode`].
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct SparseArgs<'a, T> {
     /// Queries `[num_tokens, heads, 576]`.
     pub q: Query<'a, T>,
@@ -187,7 +187,8 @@ pub fn dense_decode<T: Element>(
     let (plan_desc, schedule) = (plan.desc(), *plan.schedule());
     let c = Common::bind(stream, plan, &args.q, &args.kv_cache, out, lse, error_flag);
     let (table, bt) = args.block_table.bind(stream);
-    let lens = buffer::read(args.seq_lens, stream);
+    let lens_view = buffer::view_of(args.seq_lens);
+    let lens = buffer::read(&lens_view, stream);
     validate::dense(&validate::DenseCall {
         device: ordinal(stream),
         dtype: T::DTYPE,
@@ -265,7 +266,8 @@ pub fn sparse_decode<T: Element>(
     let (plan_desc, schedule) = (plan.desc(), *plan.schedule());
     let c = Common::bind(stream, plan, &args.q, &args.kv_cache, out, lse, error_flag);
     let (ix_desc, ix) = args.indices.bind(stream);
-    let topk_len = buffer::read_opt(args.topk_len, stream);
+    let topk_len_view = buffer::view_of_opt(args.topk_len);
+    let topk_len = buffer::read_opt(&topk_len_view, stream);
     validate::sparse(&validate::SparseCall {
         device: ordinal(stream),
         dtype: T::DTYPE,

@@ -154,7 +154,8 @@ impl ErrorFlag {
     pub fn copy_to(&self, stream: &Arc<CudaStream>, dst: &mut impl DeviceWrite<u32>) -> Result<()> {
         self.on_device_of(stream)?;
         let device = stream.context().ordinal();
-        let dst = buffer::write(dst, stream);
+        let mut dst_view = buffer::view_mut_of(dst);
+        let dst = buffer::write(&mut dst_view, stream);
         if dst.buf.device != device {
             return Err(Error::invalid(
                 "dst",

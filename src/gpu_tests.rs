@@ -165,7 +165,7 @@ fn gpu_dense_plumbing() {
         &mut plan,
         &DenseArgs {
             seq_lens: &empty,
-            ..args
+            ..args.clone()
         },
         &mut Output::strided(&mut out, out_strides),
         None,
@@ -181,19 +181,18 @@ fn gpu_dense_plumbing() {
         ),
         "{err:?}"
     );
-    let shifted = q.slice(1..);
     let err = dense_decode(
         &stream,
         &mut plan,
         &DenseArgs {
             q: Query::strided(
-                &shifted,
+                q.slice(1..),
                 Strides {
                     token: HEAD_DIM,
                     head: HEAD_DIM,
                 },
             ),
-            ..args
+            ..args.clone()
         },
         &mut Output::strided(&mut out, out_strides),
         None,
@@ -280,7 +279,7 @@ fn gpu_dense_plumbing() {
             },
         ),
         seq_lens: &lens,
-        ..args
+        ..args.clone()
     };
     dense_decode(
         &stream,
@@ -370,7 +369,7 @@ fn gpu_sparse_plumbing() {
         &mut plan,
         &SparseArgs {
             topk_len: Some(&short),
-            ..args
+            ..args.clone()
         },
         &mut Output::contiguous(&mut out, heads),
         None,
@@ -613,11 +612,14 @@ fn gpu_fp8_caches_are_unsupported() {
     )
     .unwrap();
     let kv = KvCache::contiguous(&per_tensor, KvFormat::Fp8PerTensor, block_size).unwrap();
-    for (kv_cache, unsupported) in [(kv, false), (kv.with_scale(&scale), true)] {
+    for (kv_cache, unsupported) in [(kv.clone(), false), (kv.with_scale(&scale), true)] {
         let err = dense_decode(
             &stream,
             &mut plan,
-            &DenseArgs { kv_cache, ..args },
+            &DenseArgs {
+                kv_cache,
+                ..args.clone()
+            },
             &mut Output::contiguous(&mut out, heads),
             None,
             None,

@@ -20,7 +20,9 @@
 //! - **Buffers**: calls and views take `&buf` for what they read and `&mut buf` for what they
 //!   write, where `buf` is a cudarc [`CudaSlice`](cudarc::driver::CudaSlice),
 //!   [`CudaView`](cudarc::driver::CudaView) or [`CudaViewMut`](cudarc::driver::CudaViewMut)
-//!   ([`DeviceRead`], [`DeviceWrite`]); no `.as_view()` needed.
+//!   ([`DeviceRead`], [`DeviceWrite`]); no `.as_view()` needed. View constructors also take
+//!   a cudarc view by value ([`IntoDeviceRead`], [`IntoDeviceWrite`]), so a helper can
+//!   return a view over a sub-range it sliced (`Query::strided(buf.slice(off..), ..)`).
 //! - **Views** add layouts: [`Query`], [`Output`], [`Lse`] (token and head [`Strides`], in
 //!   elements), [`KvCache`] / [`KvCacheMut`] (bytes of any element type in a
 //!   [`CacheLayout`]: [`KvFormat`], block size, blocks, block stride), [`BlockTable`],
@@ -141,7 +143,7 @@ mod gpu_tests;
 pub use cudarc;
 pub use half;
 
-pub use buffer::{DeviceRead, DeviceWrite};
+pub use buffer::{DeviceRead, DeviceWrite, IntoDeviceRead, IntoDeviceWrite};
 pub use cache_ops::{append_kv, gather_slots, AppendArgs, GatherArgs};
 pub use config::{MlaConfig, Yarn};
 pub use decode::{dense_decode, sparse_decode, DenseArgs, SparseArgs};

@@ -1,15 +1,17 @@
 //! Strided views of the tensors a call reads and writes, over cudarc buffers.
 //!
-//! Each view borrows a buffer (`&` for what a call reads, `&mut` for what it writes; see
-//! [`DeviceRead`] and [`DeviceWrite`]) and adds its layout. Strides are in elements and the
+//! Each view holds a cudarc view of a buffer and adds its layout. Constructors take `&buf`
+//! (read) or `&mut buf` (written) for a `CudaSlice`, `CudaView` or `CudaViewMut`, or a cudarc
+//! view by value ([`IntoDeviceRead`], [`IntoDeviceWrite`]), so a helper may return a view
+//! over a sub-range it sliced itself. Strides are in elements and the
 //! last dimension is always contiguous. Views only describe: every check runs in the call
 //! that uses them, against the plan. Token counts come from the plan (decode) or from the
 //! call's explicit `num_tokens` (append, gather): a buffer only has to be long enough, so
 //! preallocated maximum-size buffers work without slicing.
 
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DeviceSlice};
 
-use crate::buffer::{self, sealed::Buffer, Bound, DeviceRead, DeviceWrite};
+use crate::buffer::{self, sealed, Bound, DeviceWrite, IntoDeviceRead, IntoDeviceWrite};
 use crate::error::{Error, Result};
 use crate::types::{KvFormat, BLOCK_SIZES, HEAD_DIM, LATENT_DIM};
 use crate::validate::{CacheDesc, IndicesDesc, QueryDesc, Rows, TableDesc};
@@ -33,25 +35,51 @@ impl Strides {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 enum QueryLayout<'a, T> {
     Packed {
-        q: &'a dyn DeviceRead<T>,
+        q: CudaView<'a, T>,
         strides: Strides,
     },
     Split {
-        nope: &'a dyn DeviceRead<T>,
+        nope: CudaView<'a, T>,
         nope_strides: Strides,
-        rope: &'a dyn DeviceRead<T>,
+        rope: CudaView<'a, T>,
         rope_strides: Strides,
     },
 }
 
 /// Queries `[tokens, heads, 576]`, packed or as separate nope `[.., 512]` and rope `[.., 64]`.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub struct Query<'a, T> {
     layout: QueryLayout<'a, T>,
     num_heads: Option<usize>,
+}
+
+impl<T> Clone for Query<'_, T> {
+    fn clone(&self) -> Self {
+        let layout = match &self.layout {
+            QueryLayout::Packed { q, strides } => QueryLayout::Packed {
+                q: q.slice(..),
+                strides: *strides,
+            },
+            QueryLayout::Split {
+                nope,
+                nope_strides,
+                rope,
+                rope_strides,
+            } => QueryLayout::Split {
+                nope: nope.slice(..),
+                nope_strides: *nope_strides,
+                rope: rope.slice(..),
+                rope_strides: *rope_strides,
+            },
+        };
+        Query {
+            layout,
+            num_heads: self.num_heads,
+        }
+    }
 }
 
 /// A bound query: device addresses of (q_nope, q_rope) with their strides, and the guards.
@@ -64,10 +92,10 @@ pub(crate) struct BoundQuery<'s> {
 
 impl<'a, T> Query<'a, T> {
     /// A dense `[tokens, num_heads, 576]` tensor.
-    pub fn contiguous(q: &'a impl DeviceRead<T>, num_heads: usize) -> Self {
+    pub fn contiguous(q: impl IntoDeviceRead<'a, T>, num_heads: usize) -> Self {
         Query {
             layout: QueryLayout::Packed {
-                q,
+                q: sealed::IntoView::into_view(q),
                 strides: Strides::contiguous(num_heads, HEAD_DIM),
             },
             num_heads: Some(num_heads),
@@ -75,9 +103,12 @@ impl<'a, T> Query<'a, T> {
     }
 
     /// Packed 576-wide rows with a token and a head stride.
-    pub fn strided(q: &'a impl DeviceRead<T>, strides: Strides) -> Self {
+    pub fn strided(q: impl IntoDeviceRead<'a, T>, strides: Strides) -> Self {
         Query {
-            layout: QueryLayout::Packed { q, strides },
+            layout: QueryLayout::Packed {
+                q: sealed::IntoView::into_view(q),
+                strides,
+            },
             num_heads: None,
         }
     }
@@ -85,16 +116,16 @@ impl<'a, T> Query<'a, T> {
     /// Separate nope `[tokens, heads, 512]` and rope `[tokens, heads, 64]` tensors, each with
     /// its strides: saves engines a concat.
     pub fn split(
-        nope: &'a impl DeviceRead<T>,
+        nope: impl IntoDeviceRead<'a, T>,
         nope_strides: Strides,
-        rope: &'a impl DeviceRead<T>,
+        rope: impl IntoDeviceRead<'a, T>,
         rope_strides: Strides,
     ) -> Self {
         Query {
             layout: QueryLayout::Split {
-                nope,
+                nope: sealed::IntoView::into_view(nope),
                 nope_strides,
-                rope,
+                rope: sealed::IntoView::into_view(rope),
                 rope_strides,
             },
             num_heads: None,
@@ -114,7 +145,7 @@ impl<'a, T> Query<'a, T> {
             num_heads,
         };
         match self.layout {
-            QueryLayout::Packed { q, strides } => {
+            QueryLayout::Packed { ref q, strides } => {
                 let b = buffer::read(q, stream);
                 let rope = b.addr + (LATENT_DIM * std::mem::size_of::<T>()) as u64;
                 BoundQuery {
@@ -125,9 +156,9 @@ impl<'a, T> Query<'a, T> {
                 }
             }
             QueryLayout::Split {
-                nope,
+                ref nope,
                 nope_strides,
-                rope,
+                ref rope,
                 rope_strides,
             } => {
                 let n = buffer::read(nope, stream);
@@ -149,14 +180,14 @@ impl<'a, T> Query<'a, T> {
 /// A strided `[tokens, heads, ..]` tensor a call writes.
 #[derive(Debug)]
 struct RowsMut<'a, T> {
-    buf: &'a mut dyn DeviceWrite<T>,
+    buf: CudaViewMut<'a, T>,
     strides: Strides,
     num_heads: Option<usize>,
 }
 
 impl<T> RowsMut<'_, T> {
     fn bind<'s>(&'s mut self, stream: &'s CudaStream) -> (Rows, Bound<'s>) {
-        let b = buffer::write(self.buf, stream);
+        let b = buffer::write(&mut self.buf, stream);
         let rows = Rows {
             buf: b.buf,
             token_stride: self.strides.token,
@@ -173,18 +204,18 @@ pub struct Output<'a, T>(RowsMut<'a, T>);
 
 impl<'a, T> Output<'a, T> {
     /// A dense `[tokens, num_heads, 512]` tensor.
-    pub fn contiguous(out: &'a mut impl DeviceWrite<T>, num_heads: usize) -> Self {
+    pub fn contiguous(out: impl IntoDeviceWrite<'a, T>, num_heads: usize) -> Self {
         Output(RowsMut {
-            buf: out,
+            buf: sealed::IntoViewMut::into_view_mut(out),
             strides: Strides::contiguous(num_heads, LATENT_DIM),
             num_heads: Some(num_heads),
         })
     }
 
     /// 512-wide rows with a token and a head stride.
-    pub fn strided(out: &'a mut impl DeviceWrite<T>, strides: Strides) -> Self {
+    pub fn strided(out: impl IntoDeviceWrite<'a, T>, strides: Strides) -> Self {
         Output(RowsMut {
-            buf: out,
+            buf: sealed::IntoViewMut::into_view_mut(out),
             strides,
             num_heads: None,
         })
@@ -201,9 +232,9 @@ pub struct Lse<'a>(RowsMut<'a, f32>);
 
 impl<'a> Lse<'a> {
     /// A dense `[tokens, num_heads]` tensor.
-    pub fn contiguous(lse: &'a mut impl DeviceWrite<f32>, num_heads: usize) -> Self {
+    pub fn contiguous(lse: impl IntoDeviceWrite<'a, f32>, num_heads: usize) -> Self {
         Lse(RowsMut {
-            buf: lse,
+            buf: sealed::IntoViewMut::into_view_mut(lse),
             strides: Strides::contiguous(num_heads, 1),
             num_heads: Some(num_heads),
         })
@@ -211,9 +242,9 @@ impl<'a> Lse<'a> {
 
     /// With a token and a head stride; `Strides { token: 1, head: tokens }` is FlashMLA's
     /// `[heads, tokens]` layout.
-    pub fn strided(lse: &'a mut impl DeviceWrite<f32>, strides: Strides) -> Self {
+    pub fn strided(lse: impl IntoDeviceWrite<'a, f32>, strides: Strides) -> Self {
         Lse(RowsMut {
-            buf: lse,
+            buf: sealed::IntoViewMut::into_view_mut(lse),
             strides,
             num_heads: None,
         })
@@ -285,20 +316,37 @@ impl CacheLayout {
 ///
 /// The cache is not typed by the query's element type: an f16/bf16 cache is usually a
 /// `CudaSlice<f16>`/`CudaSlice<bf16>`, an fp8 cache a `CudaSlice<u8>`; any element type is
-/// accepted and only the bytes count. Cheap to copy: build one per layer and reuse it.
-#[derive(Clone, Copy, Debug)]
+/// accepted and only the bytes count. Cheap to clone.
+#[derive(Debug)]
 pub struct KvCache<'a> {
-    bytes: &'a dyn Buffer,
+    bytes: CudaView<'a, u8>,
     layout: CacheLayout,
-    scale: Option<&'a dyn DeviceRead<f32>>,
+    scale: Option<CudaView<'a, f32>>,
+}
+
+impl Clone for KvCache<'_> {
+    fn clone(&self) -> Self {
+        KvCache {
+            bytes: self.bytes.slice(..),
+            layout: self.layout,
+            scale: self.scale.as_ref().map(|s| s.slice(..)),
+        }
+    }
 }
 
 /// A paged cache to append to (same layout as [`KvCache`]).
 #[derive(Debug)]
 pub struct KvCacheMut<'a> {
-    bytes: &'a mut dyn buffer::sealed::BufferMut,
+    bytes: CudaViewMut<'a, u8>,
     layout: CacheLayout,
-    scale: Option<&'a dyn DeviceRead<f32>>,
+    scale: Option<CudaView<'a, f32>>,
+}
+
+/// The bytes of a view.
+fn bytes_of<'a, E>(v: CudaView<'a, E>) -> CudaView<'a, u8> {
+    let n = v.num_bytes();
+    // SAFETY: every byte pattern is a valid u8; the view covers exactly the same memory.
+    unsafe { v.transmute::<u8>(n) }.expect("a view holds its own bytes")
 }
 
 impl<'a> KvCache<'a> {
@@ -306,20 +354,21 @@ impl<'a> KvCache<'a> {
     /// naming `kv_cache` when its byte length is not a whole number of blocks (a trailing
     /// partial block would turn valid-looking block ids into device faults), or
     /// `block_size` when that is not one of [`BLOCK_SIZES`].
-    pub fn contiguous<E>(
-        kv_cache: &'a impl DeviceRead<E>,
+    pub fn contiguous<E: 'a>(
+        kv_cache: impl IntoDeviceRead<'a, E>,
         format: KvFormat,
         block_size: usize,
     ) -> Result<Self> {
-        let layout = CacheLayout::contiguous(format, block_size, kv_cache.byte_len())?;
-        Ok(KvCache::new(kv_cache, layout))
+        let bytes = bytes_of(sealed::IntoView::into_view(kv_cache));
+        let layout = CacheLayout::contiguous(format, block_size, bytes.len())?;
+        Ok(KvCache::new(bytes, layout))
     }
 
     /// Blocks as `layout` says (padded blocks, or only the first blocks of a buffer);
     /// checked by the call that uses it.
-    pub fn new<E>(kv_cache: &'a impl DeviceRead<E>, layout: CacheLayout) -> Self {
+    pub fn new<E: 'a>(kv_cache: impl IntoDeviceRead<'a, E>, layout: CacheLayout) -> Self {
         KvCache {
-            bytes: kv_cache,
+            bytes: bytes_of(sealed::IntoView::into_view(kv_cache)),
             layout,
             scale: None,
         }
@@ -327,9 +376,9 @@ impl<'a> KvCache<'a> {
 
     /// The device-resident fp32 scale of a [`KvFormat::Fp8PerTensor`] cache (dequant = e4m3 ·
     /// `scale[0]`); required for that format, rejected for the others.
-    pub fn with_scale(self, scale: &'a impl DeviceRead<f32>) -> Self {
+    pub fn with_scale(self, scale: impl IntoDeviceRead<'a, f32>) -> Self {
         KvCache {
-            scale: Some(scale),
+            scale: Some(sealed::IntoView::into_view(scale)),
             ..self
         }
     }
@@ -365,8 +414,8 @@ impl<'a> KvCache<'a> {
     }
 
     pub(crate) fn bind<'s>(&'s self, stream: &'s CudaStream) -> BoundCache<'s> {
-        let data = buffer::read(self.bytes, stream);
-        let scale = buffer::read_opt(self.scale, stream);
+        let data = buffer::read(&self.bytes, stream);
+        let scale = buffer::read_opt(&self.scale, stream);
         BoundCache::new(data, scale, self.layout)
     }
 }
@@ -374,19 +423,27 @@ impl<'a> KvCache<'a> {
 impl<'a> KvCacheMut<'a> {
     /// Unpadded blocks of `block_size` rows in `format` filling the whole buffer; errors as
     /// [`KvCache::contiguous`].
+    ///
+    /// Takes `&mut buf` only (not a `CudaViewMut` by value): pass `&mut buf.slice_mut(a..b)`
+    /// for a sub-range.
     pub fn contiguous<E>(
         kv_cache: &'a mut impl DeviceWrite<E>,
         format: KvFormat,
         block_size: usize,
     ) -> Result<Self> {
-        let layout = CacheLayout::contiguous(format, block_size, kv_cache.byte_len())?;
-        Ok(KvCacheMut::new(kv_cache, layout))
+        let bytes = sealed::Write::bytes_mut(kv_cache);
+        let layout = CacheLayout::contiguous(format, block_size, bytes.len())?;
+        Ok(KvCacheMut {
+            bytes,
+            layout,
+            scale: None,
+        })
     }
 
     /// Blocks as `layout` says; checked by the call that uses it.
     pub fn new<E>(kv_cache: &'a mut impl DeviceWrite<E>, layout: CacheLayout) -> Self {
         KvCacheMut {
-            bytes: kv_cache,
+            bytes: sealed::Write::bytes_mut(kv_cache),
             layout,
             scale: None,
         }
@@ -394,9 +451,9 @@ impl<'a> KvCacheMut<'a> {
 
     /// The device-resident fp32 scale of a [`KvFormat::Fp8PerTensor`] cache (append
     /// quantizes with it); required for that format, rejected for the others.
-    pub fn with_scale(self, scale: &'a impl DeviceRead<f32>) -> Self {
+    pub fn with_scale(self, scale: impl IntoDeviceRead<'a, f32>) -> Self {
         KvCacheMut {
-            scale: Some(scale),
+            scale: Some(sealed::IntoView::into_view(scale)),
             ..self
         }
     }
@@ -404,9 +461,9 @@ impl<'a> KvCacheMut<'a> {
     /// The same cache, read-only (e.g. for the decode or gather that follows an append).
     pub fn as_cache(&self) -> KvCache<'_> {
         KvCache {
-            bytes: self.bytes.as_buffer(),
+            bytes: self.bytes.as_view(),
             layout: self.layout,
-            scale: self.scale,
+            scale: self.scale.as_ref().map(|s| s.slice(..)),
         }
     }
 
@@ -416,8 +473,8 @@ impl<'a> KvCacheMut<'a> {
     }
 
     pub(crate) fn bind<'s>(&'s mut self, stream: &'s CudaStream) -> BoundCache<'s> {
-        let data = buffer::write(self.bytes, stream);
-        let scale = buffer::read_opt(self.scale, stream);
+        let data = buffer::write(&mut self.bytes, stream);
+        let scale = buffer::read_opt(&self.scale, stream);
         BoundCache::new(data, scale, self.layout)
     }
 }
@@ -460,18 +517,27 @@ pub struct TableShape {
 }
 
 /// Block table `[batch, max_blocks_per_seq]` int32, rows `row_stride` elements apart.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub struct BlockTable<'a> {
-    table: &'a dyn DeviceRead<i32>,
+    table: CudaView<'a, i32>,
     shape: TableShape,
     row_stride: usize,
 }
 
+impl Clone for BlockTable<'_> {
+    fn clone(&self) -> Self {
+        BlockTable {
+            table: self.table.slice(..),
+            ..*self
+        }
+    }
+}
+
 impl<'a> BlockTable<'a> {
     /// A dense table (rows `max_blocks_per_seq` apart).
-    pub fn new(table: &'a impl DeviceRead<i32>, shape: TableShape) -> Self {
+    pub fn new(table: impl IntoDeviceRead<'a, i32>, shape: TableShape) -> Self {
         BlockTable {
-            table,
+            table: sealed::IntoView::into_view(table),
             shape,
             row_stride: shape.max_blocks_per_seq,
         }
@@ -503,7 +569,7 @@ impl<'a> BlockTable<'a> {
     }
 
     pub(crate) fn bind<'s>(&'s self, stream: &'s CudaStream) -> (TableDesc, Bound<'s>) {
-        let b = buffer::read(self.table, stream);
+        let b = buffer::read(&self.table, stream);
         let desc = TableDesc {
             buf: b.buf,
             batch: self.shape.batch,
@@ -519,18 +585,27 @@ impl<'a> BlockTable<'a> {
 ///
 /// Per-row lengths are not part of the indices: they are
 /// [`SparseArgs::topk_len`](crate::SparseArgs::topk_len).
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub struct SparseIndices<'a> {
-    indices: &'a dyn DeviceRead<i32>,
+    indices: CudaView<'a, i32>,
     topk: usize,
     row_stride: usize,
 }
 
+impl Clone for SparseIndices<'_> {
+    fn clone(&self) -> Self {
+        SparseIndices {
+            indices: self.indices.slice(..),
+            ..*self
+        }
+    }
+}
+
 impl<'a> SparseIndices<'a> {
     /// A dense `[tokens, topk]` tensor.
-    pub fn contiguous(indices: &'a impl DeviceRead<i32>, topk: usize) -> Self {
+    pub fn contiguous(indices: impl IntoDeviceRead<'a, i32>, topk: usize) -> Self {
         SparseIndices {
-            indices,
+            indices: sealed::IntoView::into_view(indices),
             topk,
             row_stride: topk,
         }
@@ -552,7 +627,7 @@ impl<'a> SparseIndices<'a> {
     }
 
     pub(crate) fn bind<'s>(&'s self, stream: &'s CudaStream) -> (IndicesDesc, Bound<'s>) {
-        let b = buffer::read(self.indices, stream);
+        let b = buffer::read(&self.indices, stream);
         let desc = IndicesDesc {
             buf: b.buf,
             topk: self.topk,

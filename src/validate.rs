@@ -1173,41 +1173,34 @@ mod tests {
     /// Mutations of the shared pieces, applied to any call: `(label, expected arg, change)`.
     type Mutation<C> = (&'static str, &'static str, fn(&mut C));
 
-    fn cache_mutations<C>(
-        get: fn(&mut C) -> &mut CacheDesc,
-    ) -> Vec<(String, &'static str, Box<dyn Fn(&mut C)>)>
-    where
-        C: 'static,
-    {
-        let m: Vec<(&str, fn(&mut CacheDesc))> = vec![
-            ("cache device", |c| c.buf.device = 1),
-            ("cache block size", |c| c.block_size = 24),
-            ("cache no blocks", |c| c.num_blocks = 0),
-            ("cache too many blocks", |c| {
-                c.num_blocks = I32_MAX + 1;
-                c.buf.bytes = usize::MAX;
-            }),
-            ("cache block stride short", |c| c.block_stride_bytes -= 16),
-            ("cache block stride unaligned", |c| {
-                c.block_stride_bytes += 8;
-                c.buf.bytes *= 2;
-            }),
-            ("cache address", |c| c.buf.addr += 8),
-            ("cache too short", |c| c.buf.bytes -= 16),
-            ("cache overflow", |c| {
-                c.block_stride_bytes = usize::MAX & !15;
-            }),
-            ("cache stray scale", |c| c.scale = Some(buf(9, 4))),
-        ];
-        m.into_iter()
-            .map(|(label, f)| {
-                let g: Box<dyn Fn(&mut C)> = Box::new(move |call: &mut C| f(get(call)));
-                (label.to_string(), "kv_cache", g)
-            })
-            .collect()
-    }
+    /// Rejections of the cache descriptor, shared by every call.
+    const CACHE_MUTATIONS: &[Mutation<CacheDesc>] = &[
+        ("cache device", "kv_cache", |c| c.buf.device = 1),
+        ("cache block size", "kv_cache", |c| c.block_size = 24),
+        ("cache no blocks", "kv_cache", |c| c.num_blocks = 0),
+        ("cache too many blocks", "kv_cache", |c| {
+            c.num_blocks = I32_MAX + 1;
+            c.buf.bytes = usize::MAX;
+        }),
+        ("cache block stride short", "kv_cache", |c| {
+            c.block_stride_bytes -= 16
+        }),
+        ("cache block stride unaligned", "kv_cache", |c| {
+            c.block_stride_bytes += 8;
+            c.buf.bytes *= 2;
+        }),
+        ("cache address", "kv_cache", |c| c.buf.addr += 8),
+        ("cache too short", "kv_cache", |c| c.buf.bytes -= 16),
+        ("cache overflow", "kv_cache", |c| {
+            c.block_stride_bytes = usize::MAX & !15
+        }),
+        ("cache stray scale", "kv_cache", |c| {
+            c.scale = Some(buf(9, 4))
+        }),
+    ];
 
-    fn run<C: Clone + 'static>(
+    /// Applies each mutation to a copy of `base` and checks the rejection; returns how many.
+    fn run<C: Clone>(
         names: &[&str],
         base: C,
         check: fn(&C) -> Result<()>,
@@ -1215,20 +1208,17 @@ mod tests {
         cache: fn(&mut C) -> &mut CacheDesc,
     ) -> usize {
         assert_eq!(check(&base), Ok(()), "the base call must pass");
-        let mut n = 0;
         for (label, arg, f) in own {
             let mut c = base.clone();
             f(&mut c);
             rejects(names, check(&c), arg, label);
-            n += 1;
         }
-        for (label, arg, f) in cache_mutations(cache) {
+        for (label, arg, f) in CACHE_MUTATIONS {
             let mut c = base.clone();
-            f(&mut c);
-            rejects(names, check(&c), arg, &label);
-            n += 1;
+            f(cache(&mut c));
+            rejects(names, check(&c), arg, label);
         }
-        n
+        own.len() + CACHE_MUTATIONS.len()
     }
 
     fn packed(c: &mut DenseCall) -> &mut Rows {
