@@ -1371,6 +1371,7 @@ mod tests {
             ("lse heads", "lse", |c| {
                 c.lse.as_mut().unwrap().num_heads = Some(4)
             }),
+            ("cache dtype vs q", "kv_cache", |c| c.dtype = DType::Bf16),
             ("flag empty", "error_flag", |c| {
                 c.error_flag = Some(buf(6, 0))
             }),
