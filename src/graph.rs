@@ -32,6 +32,9 @@ use crate::error::{Error, Result};
 ///   with [`Error::Capture`]. A [`FlagReading`](crate::FlagReading) (pinned host memory)
 ///   too; [`ErrorFlag::check`](crate::ErrorFlag::check), `read` and `read_async` synchronize
 ///   or record host-side state, so call them after the launch, not inside `body`.
+/// - **Run each call once before capturing** (a warm-up step): with CUDA's lazy module
+///   loading a kernel's code is loaded at its first launch, which must not happen inside a
+///   capture. (Plans set the decode kernels' attributes when they are made.)
 /// - **Keep the buffers alive** as long as the graph: it holds raw device addresses.
 ///
 /// The capture uses `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL` (other threads are not
@@ -73,11 +76,13 @@ use crate::error::{Error, Result};
 ///             seq_lens: &seq_lens,
 ///             softmax_scale: 0.0625,
 ///         };
-///         capture_graph(&stream, || {
+///         let mut step = || -> Result<()> {
 ///             flag.reset(&stream)?;
 ///             dense_decode(&stream, &mut plan, &args, &mut Output::contiguous(&mut out, heads), None, Some(&mut flag))?;
 ///             flag.copy_to(&stream, &mut snapshots)
-///         })?
+///         };
+///         step()?; // warm-up: every kernel launched once outside the capture
+///         capture_graph(&stream, step)?
 ///     };
 ///     for step in 2..100 {
 ///         stream.memcpy_htod(&[step], &mut seq_lens)?; // the next step's length
