@@ -3,11 +3,13 @@
 //! Each view holds a cudarc view of a buffer and adds its layout. Constructors take `&buf`
 //! (read) or `&mut buf` (written) for a `CudaSlice`, `CudaView` or `CudaViewMut`, or a cudarc
 //! view by value ([`IntoDeviceRead`], [`IntoDeviceWrite`]), so a helper may return a view
-//! over a sub-range it sliced itself. Strides are in elements and the
-//! last dimension is always contiguous. Views only describe: every check runs in the call
-//! that uses them, against the plan. Token counts come from the plan (decode) or from the
-//! call's explicit `num_tokens` (append, gather): a buffer only has to be long enough, so
-//! preallocated maximum-size buffers work without slicing.
+//! over a sub-range it sliced itself.
+//!
+//! Strides are in elements and the last dimension is always contiguous. Views only
+//! describe: every check runs in the call that uses them, against the plan. Token counts
+//! come from the plan (decode) or from the call's explicit `num_tokens` (append, gather): a
+//! buffer only has to be long enough, so preallocated maximum-size buffers work without
+//! slicing.
 
 use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DeviceSlice};
 
