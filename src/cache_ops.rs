@@ -1,58 +1,108 @@
 //! Cache append and the sparse index gather.
 
 use std::ffi::c_void;
+use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, CudaView, CudaViewMut};
+use cudarc::driver::CudaStream;
 
-use crate::device::{bind_flag, ErrorFlag};
+use crate::buffer::{self, DeviceRead, DeviceWrite};
 use crate::error::{check, Result};
 use crate::ffi;
+use crate::flag::{bind_flag, ErrorFlag};
 use crate::plan::ordinal;
-use crate::tensor::{bind, bind_mut, BlockTable, KvCacheMut};
-use crate::types::Element;
+use crate::tensor::{BlockTable, KvCache, KvCacheMut};
+use crate::types::{Element, ScaleRule};
 use crate::validate;
 
-/// Writes `n = slot_mapping.len()` new 576-wide rows `kv[i]` (rows `kv_token_stride`
-/// elements apart) into the paged cache at `slot_mapping[i] = block_id·block_size + offset`;
-/// `-1` is skipped, a slot outside the cache is skipped and recorded in `error_flag`.
+/// What [`append_kv`] writes into the cache: `num_tokens` new rows and where they go.
+#[derive(Clone, Copy, Debug)]
+pub struct AppendArgs<'a, T> {
+    /// New 576-wide rows `[num_tokens, 576]` in the query dtype, rows `kv_token_stride`
+    /// elements apart.
+    pub kv: &'a dyn DeviceRead<T>,
+    /// Elements between rows of `kv` (`>= 576`, a multiple of 16 bytes).
+    pub kv_token_stride: usize,
+    /// Where row `i` goes, `[num_tokens]` int64: `block_id · block_size + offset`; `-1` is
+    /// skipped, a slot outside the cache is skipped and recorded in the flag.
+    pub slot_mapping: &'a dyn DeviceRead<i64>,
+    /// Rows to append; `kv` and `slot_mapping` may be longer (preallocated buffers). 0 is a
+    /// no-op.
+    pub num_tokens: usize,
+    /// How an [`Fp8DsMla`](crate::KvFormat::Fp8DsMla) cache's per-tile scales are picked:
+    /// required for that format, `None` for the others (f16/bf16 have no scales, an
+    /// [`Fp8PerTensor`](crate::KvFormat::Fp8PerTensor) cache quantizes with its own scale).
+    pub scale_rule: Option<ScaleRule>,
+}
+
+/// Writes `args.num_tokens` new rows into the paged cache, converting them to the cache's
+/// format: an f16/bf16 cache takes rows of its own dtype; the fp8 formats return
+/// [`Error::Unsupported`](crate::Error::Unsupported) until their kernels exist (issue #12).
+///
+/// Checks every argument first (an error names a parameter or a field of [`AppendArgs`]);
+/// allocates nothing and does not synchronize (graph-capturable).
+///
+/// ```no_run
+/// # use half::bf16;
+/// # use mla_decode::cudarc::driver::CudaContext;
+/// # use mla_decode::*;
+/// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+/// # let stream = CudaContext::new(0)?.new_stream()?;
+/// # let (max_tokens, block_size) = (256, 64);
+/// let mut cache = stream.alloc_zeros::<bf16>(1024 * block_size * HEAD_DIM)?;
+/// let kv = stream.alloc_zeros::<bf16>(max_tokens * HEAD_DIM)?; // this step's new rows
+/// let slots = stream.alloc_zeros::<i64>(max_tokens)?; // preallocated for the largest step
+/// let mut flag = ErrorFlag::new(&stream)?;
+/// let mut kc = KvCacheMut::contiguous(&mut cache, KvFormat::Bf16, block_size)?;
+/// let args = AppendArgs {
+///     kv: &kv,
+///     kv_token_stride: HEAD_DIM,
+///     slot_mapping: &slots,
+///     num_tokens: 3, // this step: the first 3 rows of each buffer
+///     scale_rule: None,
+/// };
+/// append_kv(&stream, &args, &mut kc, Some(&mut flag))?;
+/// # Ok(())
+/// # }
+/// ```
 pub fn append_kv<T: Element>(
-    stream: &CudaStream,
-    kv: &CudaView<T>,
-    kv_token_stride: usize,
-    slot_mapping: &CudaView<i64>,
-    kv_cache: &mut KvCacheMut<T>,
-    error_flag: Option<&ErrorFlag>,
+    stream: &Arc<CudaStream>,
+    args: &AppendArgs<T>,
+    kv_cache: &mut KvCacheMut,
+    error_flag: Option<&mut ErrorFlag>,
 ) -> Result<()> {
-    let (kv_ptr, kv_buf, _g_kv) = bind(kv, stream);
-    let (slots, slots_buf, _g_slots) = bind(slot_mapping, stream);
-    let (cache_ptr, cache, _g_cache) = kv_cache.bind(stream);
+    let (kv_view, slots_view) = (buffer::view_of(args.kv), buffer::view_of(args.slot_mapping));
+    let kv = buffer::read(&kv_view, stream);
+    let slots = buffer::read(&slots_view, stream);
+    let cache = kv_cache.bind(stream);
     let (flag, flag_buf, _g_flag) = bind_flag(error_flag, stream);
     validate::append(&validate::AppendCall {
         device: ordinal(stream),
         dtype: T::DTYPE,
-        kv: kv_buf,
-        kv_token_stride,
-        slot_mapping: slots_buf,
-        kv_cache: cache,
+        kv: kv.buf,
+        kv_token_stride: args.kv_token_stride,
+        slot_mapping: slots.buf,
+        num_tokens: args.num_tokens,
+        scale_rule: args.scale_rule,
+        kv_cache: cache.desc,
         error_flag: flag_buf,
     })?;
-    let num_tokens = slot_mapping.len();
-    if num_tokens == 0 {
+    if args.num_tokens == 0 {
         return Ok(());
     }
     stream.context().bind_to_thread()?;
     // SAFETY: the buffers were checked to lie on this device and to hold `num_tokens` rows
-    // and the cache's blocks; the guards keep them borrowed until after the launch.
+    // and the cache's blocks (an f16/bf16 cache of the rows' dtype: the only kind that gets
+    // here); the guards keep them borrowed until after the launch.
     let status = unsafe {
         ffi::mla_append_kv(
-            kv_ptr as *const c_void,
-            kv_token_stride as i64,
-            num_tokens as i32,
-            slots as *const i64,
-            cache_ptr as *mut c_void,
-            cache.block_stride_bytes as i64,
-            cache.num_blocks as i32,
-            cache.block_size as i32,
+            kv.addr as *const c_void,
+            args.kv_token_stride as i64,
+            args.num_tokens as i32,
+            slots.addr as *const i64,
+            cache.addr as *mut c_void,
+            cache.desc.block_stride_bytes as i64,
+            cache.desc.num_blocks as i32,
+            cache.desc.block_size as i32,
             T::DTYPE.to_ffi(),
             flag as *mut u32,
             stream.cu_stream() as *mut c_void,
@@ -61,66 +111,135 @@ pub fn append_kv<T: Element>(
     check("mla_append_kv", status)
 }
 
-/// Turns request-logical `positions[t, ..topk]` (rows `positions_stride` apart) of request
-/// `req_id[t]` into global slot ids in `out[t, ..topk]` (rows `out_stride` apart), for
-/// `t < req_id.len()`.
+/// What [`gather_slots`] reads: the indexer's request-logical positions and how to map them
+/// to the global slot ids of `kv_cache`.
+#[derive(Clone, Debug)]
+pub struct GatherArgs<'a> {
+    /// Positions within each token's request, `[num_tokens, topk]` int32, rows
+    /// `positions_stride` elements apart.
+    pub positions: &'a dyn DeviceRead<i32>,
+    /// Elements between rows of `positions` (`>= topk`).
+    pub positions_stride: usize,
+    /// The request of each token, `[num_tokens]` int32.
+    pub req_id: &'a dyn DeviceRead<i32>,
+    /// Block table `[batch, max_blocks_per_seq]`: `batch` is the number of requests.
+    pub block_table: BlockTable<'a>,
+    /// Cache rows per request, `[batch]` int32, clamped to `0..=max_blocks_per_seq ·
+    /// block_size`; a bad one is recorded in the flag.
+    pub seq_lens: &'a dyn DeviceRead<i32>,
+    /// The cache the slot ids are for, the one the sparse decode then reads: its
+    /// `block_size` splits positions, its `num_blocks` bounds block ids (its data is not
+    /// read, so any format works).
+    pub kv_cache: KvCache<'a>,
+    /// Entries per row, 1..=4096.
+    pub topk: usize,
+    /// Query tokens, `0..=MAX_GATHER_TOKENS` ([`MAX_GATHER_TOKENS`](crate::MAX_GATHER_TOKENS));
+    /// the buffers may be longer. 0 is a no-op.
+    pub num_tokens: usize,
+    /// Elements between rows of the `out` buffer (`>= topk`).
+    pub out_stride: usize,
+}
+
+/// Turns request-logical `positions[t, ..topk]` of request `req_id[t]` into global slot ids
+/// `out[t, ..topk]` (rows `args.out_stride` elements apart), for
+/// `t < num_tokens`: the [`SparseIndices`](crate::SparseIndices) a sparse decode of the same
+/// `kv_cache` reads.
 ///
 /// `out = block_table[req][pos / block_size] · block_size + pos % block_size`, or `-1` where
 /// `pos < 0`, `pos >= seq_lens[req]` (clamped), the block id is outside `[0, num_blocks)` or
-/// `req_id` is outside `[0, batch)` (the last two are recorded in `error_flag`).
-#[allow(clippy::too_many_arguments)]
+/// `req_id` is outside `[0, batch)` (the last two, and a bad `seq_len`, are recorded in
+/// `error_flag`).
+///
+/// Checks every argument first (an error names a parameter or a field of [`GatherArgs`]);
+/// allocates nothing and does not synchronize (graph-capturable).
+///
+/// ```no_run
+/// # use half::bf16;
+/// # use mla_decode::cudarc::driver::CudaContext;
+/// # use mla_decode::*;
+/// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+/// # let stream = CudaContext::new(0)?.new_stream()?;
+/// # let (batch, max_blocks, block_size, t, topk, heads) = (2, 32, 64, 4, 2048, 8);
+/// let mut cache = stream.alloc_zeros::<bf16>(batch * max_blocks * block_size * HEAD_DIM)?;
+/// let table = stream.clone_htod(&(0..(batch * max_blocks) as i32).collect::<Vec<_>>())?;
+/// let seq_lens = stream.clone_htod(&[100i32, 2048])?;
+/// let req_id = stream.clone_htod(&[0i32, 0, 1, 1])?;
+/// let positions = stream.alloc_zeros::<i32>(t * topk)?; // the indexer's top-k
+/// let mut slots = stream.alloc_zeros::<i32>(t * topk)?;
+/// let (kv, new_slots) = (stream.alloc_zeros::<bf16>(2 * HEAD_DIM)?, stream.clone_htod(&[100i64, 2048])?);
+/// let mut flag = ErrorFlag::new(&stream)?;
+///
+/// // Append this step's rows, then map positions to slots of the same cache.
+/// let mut kc = KvCacheMut::contiguous(&mut cache, KvFormat::Bf16, block_size)?;
+/// let append = AppendArgs {
+///     kv: &kv, kv_token_stride: HEAD_DIM, slot_mapping: &new_slots, num_tokens: 2, scale_rule: None,
+/// };
+/// append_kv(&stream, &append, &mut kc, Some(&mut flag))?;
+/// let gather = GatherArgs {
+///     positions: &positions,
+///     positions_stride: topk,
+///     req_id: &req_id,
+///     block_table: BlockTable::new(&table, TableShape { batch, max_blocks_per_seq: max_blocks }),
+///     seq_lens: &seq_lens,
+///     kv_cache: kc.as_cache(),
+///     topk,
+///     num_tokens: t,
+///     out_stride: topk,
+/// };
+/// gather_slots(&stream, &gather, &mut slots, Some(&mut flag))?;
+/// // `SparseIndices::contiguous(&slots, topk)` with `kc.as_cache()` feed sparse_decode.
+/// # let _ = heads;
+/// # Ok(())
+/// # }
+/// ```
 pub fn gather_slots(
-    stream: &CudaStream,
-    positions: &CudaView<i32>,
-    positions_stride: usize,
-    topk: usize,
-    req_id: &CudaView<i32>,
-    block_table: &BlockTable,
-    seq_lens: &CudaView<i32>,
-    num_blocks: usize,
-    block_size: usize,
-    out: &mut CudaViewMut<i32>,
-    out_stride: usize,
-    error_flag: Option<&ErrorFlag>,
+    stream: &Arc<CudaStream>,
+    args: &GatherArgs,
+    out: &mut impl DeviceWrite<i32>,
+    error_flag: Option<&mut ErrorFlag>,
 ) -> Result<()> {
-    let (pos, pos_buf, _g_pos) = bind(positions, stream);
-    let (req, req_buf, _g_req) = bind(req_id, stream);
-    let (bt, table, _g_bt) = block_table.bind(stream);
-    let (lens, lens_buf, _g_lens) = bind(seq_lens, stream);
-    let (o, o_buf, _g_o) = bind_mut(out, stream);
+    let views = [args.positions, args.req_id, args.seq_lens].map(buffer::view_of);
+    let [pos, req, lens] = views.each_ref().map(|v| buffer::read(v, stream));
+    let (table, bt) = args.block_table.bind(stream);
+    let cache = args.kv_cache.bind(stream);
+    let mut out_view = buffer::view_mut_of(out);
+    let o = buffer::write(&mut out_view, stream);
     let (flag, flag_buf, _g_flag) = bind_flag(error_flag, stream);
     validate::gather(&validate::GatherCall {
         device: ordinal(stream),
-        positions: pos_buf,
-        positions_stride,
-        topk,
-        req_id: req_buf,
+        positions: pos.buf,
+        positions_stride: args.positions_stride,
+        req_id: req.buf,
         block_table: table,
-        seq_lens: lens_buf,
-        num_blocks,
-        block_size,
-        out: o_buf,
-        out_stride,
+        seq_lens: lens.buf,
+        kv_cache: cache.desc,
+        topk: args.topk,
+        num_tokens: args.num_tokens,
+        out: o.buf,
+        out_stride: args.out_stride,
         error_flag: flag_buf,
     })?;
+    if args.num_tokens == 0 {
+        return Ok(());
+    }
     stream.context().bind_to_thread()?;
     // SAFETY: as in append_kv.
     let status = unsafe {
         ffi::mla_gather_slots(
-            pos as *const i32,
-            positions_stride as i32,
-            req_id.len() as i32,
-            topk as i32,
-            req as *const i32,
-            bt as *const i32,
+            pos.addr as *const i32,
+            args.positions_stride as i32,
+            args.num_tokens as i32,
+            args.topk as i32,
+            req.addr as *const i32,
+            bt.addr as *const i32,
             table.stride as i32,
             table.max_blocks_per_seq as i32,
-            lens as *const i32,
+            lens.addr as *const i32,
             table.batch as i32,
-            block_size as i32,
-            num_blocks as i32,
-            o as *mut i32,
-            out_stride as i32,
+            cache.desc.block_size as i32,
+            cache.desc.num_blocks as i32,
+            o.addr as *mut i32,
+            args.out_stride as i32,
             flag as *mut u32,
             stream.cu_stream() as *mut c_void,
         )

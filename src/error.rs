@@ -2,8 +2,8 @@
 
 use cudarc::driver::DriverError;
 
-use crate::device::FaultCode;
 use crate::ffi;
+use crate::flag::FaultCode;
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -11,17 +11,31 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Everything that can go wrong in a call, naming the argument and why.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Error {
-    /// An argument failed a host-side check (shape, stride, alignment, size, plan).
+    /// An argument failed a host-side check (shape, stride, alignment, size, format, plan).
     InvalidArgument {
-        /// The argument, as the function names it (`"q"`, `"kv_cache"`, `"plan"`, ...).
+        /// The argument: a parameter of the function that was called, or a field of its
+        /// argument struct (`"q"`, `"kv_cache"`, `"block_table"`, `"num_tokens"`, ...;
+        /// [`validate`](crate::validate) lists them per call).
         arg: &'static str,
         /// What is wrong with it.
         reason: String,
     },
+    /// The C layer rejected a call that the safe layer's own checks passed
+    /// (`MLA_STATUS_INVALID_ARGUMENT`): the two disagree, which is a bug in this crate.
+    Rejected {
+        /// The C ABI function.
+        call: &'static str,
+        /// What the C layer said.
+        reason: String,
+    },
     /// The crate was built without nvcc, so it holds no kernels.
     KernelsNotBuilt,
-    /// Valid but not implemented (e.g. fp8 decode).
+    /// Valid but not implemented (e.g. decode of an fp8 cache, until issue #12).
     Unsupported(String),
+    /// CUDA-graph capture: [`capture_graph`](crate::capture_graph) refused to start (event
+    /// tracking still on, the stream already capturing) or the capture failed, or a call
+    /// that allocates (a plan, a flag) was made on a capturing stream.
+    Capture(String),
     /// A CUDA runtime call inside the C layer failed.
     Cuda {
         /// The C ABI function that reported it.
@@ -37,10 +51,10 @@ pub enum Error {
     DeviceFault {
         /// What the kernel found.
         code: FaultCode,
-        /// Request (dense) or token (sparse, gather, append) index.
+        /// Request (dense) or token (sparse, gather, append) index; [`FaultCode`] says which.
         row: u32,
-        /// The offending value (low 32 bits for append slots).
-        value: i32,
+        /// The offending value, 64 bits wide (flag words 2 and 3: low and high halves).
+        value: i64,
     },
 }
 
@@ -65,7 +79,12 @@ impl std::fmt::Display for Error {
                  toolkit >= 12.8 (or the nvidia-cuda-nvcc 13.0 wheels), set NVCC=/path/to/nvcc \
                  (or CUDA_HOME), unset MLA_NO_KERNELS and rebuild",
             ),
+            Error::Rejected { call, reason } => write!(
+                f,
+                "{call} rejected a call that passed the safe layer's checks (a bug in mla-decode): {reason}"
+            ),
             Error::Unsupported(what) => write!(f, "unsupported: {what}"),
+            Error::Capture(what) => write!(f, "CUDA graph capture: {what}"),
             Error::Cuda { call, code } => {
                 write!(f, "{call}: CUDA runtime error {code} (cudaError_t)")
             }
@@ -99,10 +118,10 @@ pub fn status_to_result(call: &'static str, status: u32) -> Result<()> {
     const CUDA_BASE: u32 = ffi::mla_status_t::MLA_STATUS_CUDA_BASE.0;
     match status {
         OK => Ok(()),
-        INVALID => Err(Error::invalid(
+        INVALID => Err(Error::Rejected {
             call,
-            "rejected by the C layer's host checks (MLA_STATUS_INVALID_ARGUMENT)",
-        )),
+            reason: "MLA_STATUS_INVALID_ARGUMENT".to_string(),
+        }),
         UNSUPPORTED => Err(Error::Unsupported(format!(
             "{call}: valid but not implemented (MLA_STATUS_UNSUPPORTED)"
         ))),
@@ -139,7 +158,7 @@ mod tests {
         );
         assert!(matches!(
             status_to_result("f", 1),
-            Err(Error::InvalidArgument { arg: "f", .. })
+            Err(Error::Rejected { call: "f", .. })
         ));
         assert!(matches!(
             status_to_result("f", 2),

@@ -15,19 +15,40 @@
 //! optional natural-log `lse` (`-inf` where no slot is visible).
 //!
 //! ## Shape of the API
-//! - buffers are cudarc [`CudaSlice`](cudarc::driver::CudaSlice)s owned by the caller;
-//!   calls take views of them ([`Query`], [`KvCache`], [`BlockTable`], [`SparseIndices`],
-//!   [`Output`], [`Lse`]) with strides in elements, and the stream explicitly;
-//! - a [`DecodePlan`] (the launch schedule and the split workspace) is made once per shape
-//!   and used by every call; each decode call derives the split of its work from the
-//!   seq_lens / topk_len it is given, on the device; decodes allocate nothing and never
-//!   synchronize the host, so a step can be captured in a CUDA graph;
-//! - every argument is checked on the host first ([`validate`]), and errors name it
-//!   ([`Error::InvalidArgument`]); values only the device sees (bad block ids, slot ids,
-//!   lengths) are skipped or clamped by the kernels and recorded in an optional
-//!   [`ErrorFlag`];
-//! - built without nvcc, everything compiles and every call returns
-//!   [`Error::KernelsNotBuilt`]; [`cuda_available`] says whether libcuda can be loaded.
+//! cudarc's shape: buffers owned by the caller, the stream explicit, no allocation and no
+//! host synchronization in a decode call.
+//! - **Buffers**: calls and views take `&buf` for what they read and `&mut buf` for what they
+//!   write, where `buf` is a cudarc [`CudaSlice`](cudarc::driver::CudaSlice),
+//!   [`CudaView`](cudarc::driver::CudaView) or [`CudaViewMut`](cudarc::driver::CudaViewMut)
+//!   ([`DeviceRead`], [`DeviceWrite`]); no `.as_view()` needed. View constructors also take
+//!   a cudarc view by value ([`IntoDeviceRead`], [`IntoDeviceWrite`]), so a helper can
+//!   return a view over a sub-range it sliced (`Query::strided(buf.slice(off..), ..)`).
+//! - **Views** add layouts: [`Query`], [`Output`], [`Lse`] (token and head [`Strides`], in
+//!   elements), [`KvCache`] / [`KvCacheMut`] (bytes of any element type in a
+//!   [`CacheLayout`]: [`KvFormat`], block size, blocks, block stride), [`BlockTable`],
+//!   [`SparseIndices`].
+//! - **Argument structs** hold what a call reads ([`DenseArgs`], [`SparseArgs`],
+//!   [`AppendArgs`], [`GatherArgs`]): every field has a name, so nothing swaps silently;
+//!   outputs, the plan and the flag are separate `&mut` parameters.
+//! - **One stream type**: every call and constructor takes `&Arc<CudaStream>`.
+//! - A [`DecodePlan`] (the launch schedule and its split workspace) is made once per shape
+//!   and cache format, and gives the token count of every decode call made with it
+//!   ([`DecodePlan::num_tokens`]); buffers may be longer (preallocated maximum sizes work).
+//!   Append and gather take `num_tokens` explicitly, the same way. Each decode call derives
+//!   the split of its work from the `seq_lens` / `topk_len` it is given, on the device.
+//! - **Written state is `&mut`**: decode calls take `&mut DecodePlan` (they write its
+//!   workspace) and `Option<&mut ErrorFlag>`, so one plan or flag cannot serve two calls at
+//!   once: use one plan (and one flag) per stream.
+//! - **Errors**: every argument is checked on the host first ([`validate`]), and an
+//!   [`Error::InvalidArgument`] names a parameter of the call, or a field of its argument
+//!   struct. Values only the device sees (block ids, slot ids, lengths) are skipped or
+//!   clamped by the kernels and recorded in an optional [`ErrorFlag`], read synchronously
+//!   ([`ErrorFlag::check`]), behind an event ([`ErrorFlag::read_async`]) or into a device
+//!   buffer ([`ErrorFlag::copy_to`]).
+//! - **CUDA graphs**: [`capture_graph`] captures a step (its docs say what to do first:
+//!   event tracking off, plans and flags made before).
+//! - Built without nvcc, everything compiles and every call returns
+//!   [`Error::KernelsNotBuilt`]; [`cuda_available`] says whether CUDA is usable here.
 //!
 //! ## Example: dense decode of one step (GLM-5, TP8)
 //! ```no_run
@@ -44,56 +65,74 @@
 //!     let (batch, block_size, max_blocks) = (4, 64, 32);
 //!     let heads = cfg.num_heads;
 //!
+//!     // Once per shape and cache format.
+//!     let shape = DenseShape {
+//!         batch,
+//!         q_len: 1,
+//!         num_heads: heads,
+//!         block_size,
+//!         max_blocks_per_seq: max_blocks,
+//!         kv_format: KvFormat::Bf16,
+//!     };
+//!     let mut plan = DecodePlan::dense(&stream, shape, PlanOptions::default())?;
+//!     let mut flag = ErrorFlag::new(&stream)?;
+//!
 //!     let num_blocks = batch * max_blocks;
 //!     let cache = stream.alloc_zeros::<bf16>(num_blocks * block_size * HEAD_DIM)?;
 //!     let table: Vec<i32> = (0..num_blocks as i32).collect();
 //!     let table = stream.clone_htod(&table)?;
 //!     let seq_lens = stream.clone_htod(&[100i32, 2048, 1, 0])?;
-//!     let q = stream.alloc_zeros::<bf16>(batch * heads * HEAD_DIM)?;
-//!     let mut out = stream.alloc_zeros::<bf16>(batch * heads * LATENT_DIM)?;
-//!     let mut lse = stream.alloc_zeros::<f32>(batch * heads)?;
-//!     let flag = ErrorFlag::new(&stream)?;
+//!     let tokens = plan.num_tokens(); // batch * q_len
+//!     let q = stream.alloc_zeros::<bf16>(tokens * heads * HEAD_DIM)?;
+//!     let mut out = stream.alloc_zeros::<bf16>(tokens * heads * LATENT_DIM)?;
+//!     let mut lse = stream.alloc_zeros::<f32>(tokens * heads)?;
 //!
-//!     // Once per shape.
-//!     let shape = DenseShape { batch, q_len: 1, num_heads: heads, block_size, max_blocks_per_seq: max_blocks };
-//!     let plan = DecodePlan::dense(&stream, shape, PlanOptions::default())?;
 //!     // Once per layer (the split of the work is derived from seq_lens inside the call).
+//!     let args = DenseArgs {
+//!         q: Query::contiguous(&q, heads),
+//!         kv_cache: KvCache::contiguous(&cache, KvFormat::Bf16, block_size)?,
+//!         block_table: BlockTable::new(&table, TableShape { batch, max_blocks_per_seq: max_blocks }),
+//!         seq_lens: &seq_lens,
+//!         softmax_scale: cfg.softmax_scale(),
+//!     };
 //!     dense_decode(
 //!         &stream,
-//!         &plan,
-//!         &Query::contiguous(q.as_view(), heads),
-//!         &KvCache::contiguous(cache.as_view(), block_size),
-//!         &BlockTable::new(table.as_view(), batch, max_blocks),
-//!         &seq_lens.as_view(),
-//!         &mut Output::contiguous(out.as_view_mut(), heads),
-//!         Some(&mut Lse::contiguous(lse.as_view_mut(), heads)),
-//!         cfg.softmax_scale(),
-//!         Some(&flag),
+//!         &mut plan,
+//!         &args,
+//!         &mut Output::contiguous(&mut out, heads),
+//!         Some(&mut Lse::contiguous(&mut lse, heads)),
+//!         Some(&mut flag),
 //!     )?;
 //!     flag.check(&stream)?; // synchronizes; Err(DeviceFault) on a bad block id etc.
 //!     Ok(())
 //! }
 //! ```
+//! [`sparse_decode`], [`append_kv`], [`gather_slots`] and [`capture_graph`] have examples
+//! of their own.
 //!
 //! ## Modules
 //! - [`ffi`]: the raw C ABI (`csrc/mla_decode.h`), for use from anything that has device
 //!   pointers and a `cudaStream_t`;
-//! - [`validate`]: the host checks as pure functions;
+//! - [`validate`]: the host checks as pure functions, and the argument names each call's
+//!   errors may carry;
 //! - [`reference`](mod@reference): f64 reference implementations the tests compare against;
 //! - everything else is re-exported here: errors, types and constants, [`MlaConfig`],
-//!   device helpers, views, [`DecodePlan`], [`dense_decode`], [`sparse_decode`],
-//!   [`append_kv`], [`gather_slots`].
+//!   device helpers, buffers and views, [`DecodePlan`], [`dense_decode`], [`sparse_decode`],
+//!   [`append_kv`], [`gather_slots`], [`capture_graph`].
 #![warn(missing_docs)]
 
 pub mod ffi;
 pub mod reference;
 pub mod validate;
 
+mod buffer;
 mod cache_ops;
 mod config;
 mod decode;
 mod device;
 mod error;
+mod flag;
+mod graph;
 mod plan;
 mod tensor;
 mod types;
@@ -101,14 +140,20 @@ mod types;
 pub use cudarc;
 pub use half;
 
-pub use cache_ops::{append_kv, gather_slots};
+pub use buffer::{DeviceRead, DeviceWrite, IntoDeviceRead, IntoDeviceWrite};
+pub use cache_ops::{append_kv, gather_slots, AppendArgs, GatherArgs};
 pub use config::{MlaConfig, Yarn};
-pub use decode::{dense_decode, sparse_decode};
-pub use device::{cuda_available, DeviceInfo, ErrorFlag, FaultCode};
+pub use decode::{dense_decode, sparse_decode, DenseArgs, SparseArgs};
+pub use device::{cuda_available, DeviceInfo};
 pub use error::{status_to_result, Error, Result};
+pub use flag::{ErrorFlag, FaultCode, FlagReading};
+pub use graph::capture_graph;
 pub use plan::{DecodePlan, DenseShape, PlanKind, PlanOptions, SparseShape, Tuning};
-pub use tensor::{BlockTable, KvCache, KvCacheMut, Lse, Output, Query, SparseIndices};
+pub use tensor::{
+    BlockTable, CacheLayout, KvCache, KvCacheMut, Lse, Output, Query, SparseIndices, Strides,
+    TableShape,
+};
 pub use types::{
-    DType, Element, KvFormat, BLOCK_SIZES, HEAD_DIM, LATENT_DIM, MAX_HEADS, MAX_Q_LEN, MAX_TOPK,
-    ROPE_DIM,
+    DType, Element, KvFormat, ScaleRule, BLOCK_SIZES, HEAD_DIM, LATENT_DIM, MAX_GATHER_TOKENS,
+    MAX_HEADS, MAX_Q_LEN, MAX_TOPK, ROPE_DIM,
 };

@@ -2,10 +2,11 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, SyncOnDrop};
+use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtrMut, SyncOnDrop};
 
 use crate::error::{check, Error, Result};
 use crate::ffi;
+use crate::types::KvFormat;
 use crate::validate::{self, PlanDesc};
 
 /// The shape a dense plan is made for.
@@ -21,6 +22,8 @@ pub struct DenseShape {
     pub block_size: usize,
     /// Columns of the block table: the longest sequence is `max_blocks_per_seq · block_size`.
     pub max_blocks_per_seq: usize,
+    /// The format of the cache the plan's calls read.
+    pub kv_format: KvFormat,
 }
 
 /// The shape a sparse plan is made for.
@@ -32,6 +35,8 @@ pub struct SparseShape {
     pub num_heads: usize,
     /// Indices per row, 1..=4096.
     pub topk: usize,
+    /// The format of the cache the plan's calls read.
+    pub kv_format: KvFormat,
 }
 
 /// Dense or sparse, with its shape.
@@ -41,6 +46,33 @@ pub enum PlanKind {
     Dense(DenseShape),
     /// For [`sparse_decode`](crate::sparse_decode).
     Sparse(SparseShape),
+}
+
+impl PlanKind {
+    /// Query rows of every call: `batch · q_len` (dense) or `num_tokens` (sparse). `q`,
+    /// `out` and `lse` need this many rows; their buffers may be longer.
+    pub fn num_tokens(&self) -> usize {
+        match self {
+            PlanKind::Dense(s) => s.batch * s.q_len,
+            PlanKind::Sparse(s) => s.num_tokens,
+        }
+    }
+
+    /// Query heads.
+    pub fn num_heads(&self) -> usize {
+        match self {
+            PlanKind::Dense(s) => s.num_heads,
+            PlanKind::Sparse(s) => s.num_heads,
+        }
+    }
+
+    /// The format of the cache the plan's calls read.
+    pub fn kv_format(&self) -> KvFormat {
+        match self {
+            PlanKind::Dense(s) => s.kv_format,
+            PlanKind::Sparse(s) => s.kv_format,
+        }
+    }
 }
 
 /// Options of a schedule.
@@ -148,22 +180,27 @@ impl Tuning {
 /// There is nothing to update per step: every decode call derives the split of its work
 /// from the lengths it is given (`seq_lens` / `topk_len`), in each CTA, on the device.
 /// Decoding allocates nothing and never synchronizes the host, so a whole step can be
-/// captured in a CUDA graph and replayed with new lengths and tables written into the same
-/// buffers. To capture on a context with several streams, disable
-/// cudarc's event tracking first (`CudaContext::disable_event_tracking`, as cudarc's own graph
-/// tests do): its per-buffer events would make the capture wait on work recorded outside it.
+/// captured in a CUDA graph ([`capture_graph`](crate::capture_graph)) and replayed with new
+/// lengths and tables written into the same buffers.
 ///
-/// The workspace is scratch for one call at a time: use a plan on one stream (or order the
-/// streams yourself).
+/// **One plan per stream.** The workspace is scratch that every call writes, so the decode
+/// calls take the plan as `&mut`: one plan cannot serve two calls at once. Streams that
+/// decode concurrently need a plan each (or order the streams yourself).
+///
+/// Plans allocate (the workspace) and query the device: make them before capturing a graph
+/// (creating one on a capturing stream is refused with [`Error::Capture`]).
 #[derive(Debug)]
 pub struct DecodePlan {
     kind: PlanKind,
+    device: usize,
     schedule: ffi::mla_schedule_t,
+    workspace_bytes: usize,
     workspace: CudaSlice<f32>,
 }
 
 impl DecodePlan {
-    /// A plan for dense paged decode of `shape` on `stream`'s device.
+    /// A plan for dense paged decode of `shape` on `stream`'s device. Errors name a field
+    /// of `shape`, or of `options.tuning` (`"tuning.warps"`, ...).
     pub fn dense(
         stream: &Arc<CudaStream>,
         shape: DenseShape,
@@ -179,7 +216,8 @@ impl DecodePlan {
         )
     }
 
-    /// A plan for sparse decode of `shape` on `stream`'s device.
+    /// A plan for sparse decode of `shape` on `stream`'s device. Errors name a field of
+    /// `shape`, or of `options.tuning`.
     pub fn sparse(
         stream: &Arc<CudaStream>,
         shape: SparseShape,
@@ -200,6 +238,7 @@ impl DecodePlan {
         dims: [usize; 4],
         options: PlanOptions,
     ) -> Result<Self> {
+        refuse_while_capturing(stream, "DecodePlan")?;
         let [batch, q_len, heads, max_len] = dims.map(|d| d as i32); // validated to fit
         options.tuning.check()?;
         let mut schedule = ffi::mla_schedule_t::default();
@@ -211,11 +250,13 @@ impl DecodePlan {
             unsafe { ffi::mla_schedule_init(&mut schedule, batch, q_len, heads, max_len, &tuning) };
         check("mla_schedule_init", status)?;
         // SAFETY: `schedule` was filled by mla_schedule_init.
-        let ws_bytes = unsafe { ffi::mla_workspace_bytes(&schedule) };
+        let workspace_bytes = unsafe { ffi::mla_workspace_bytes(&schedule) };
         Ok(DecodePlan {
             kind,
+            device: stream.context().ordinal(),
             schedule,
-            workspace: stream.alloc_zeros::<f32>(ws_bytes.div_ceil(4).max(1))?,
+            workspace_bytes,
+            workspace: stream.alloc_zeros::<f32>(workspace_bytes.div_ceil(4).max(1))?,
         })
     }
 
@@ -229,24 +270,59 @@ impl DecodePlan {
         self.kind
     }
 
+    /// Query rows of every call (`batch · q_len`, or `num_tokens`): `q`, `out` and `lse`
+    /// need this many rows; longer buffers are fine.
+    pub fn num_tokens(&self) -> usize {
+        self.kind.num_tokens()
+    }
+
+    /// Query heads.
+    pub fn num_heads(&self) -> usize {
+        self.kind.num_heads()
+    }
+
+    /// The format of the cache the plan's calls read.
+    pub fn kv_format(&self) -> KvFormat {
+        self.kind.kv_format()
+    }
+
+    /// Ordinal of the device the plan was made for.
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
+    /// Bytes of the split workspace (`mla_workspace_bytes`), allocated by the plan.
+    pub fn workspace_bytes(&self) -> usize {
+        self.workspace_bytes
+    }
+
     /// What validation needs to know about this plan.
     pub fn desc(&self) -> PlanDesc {
         PlanDesc {
             kind: self.kind,
-            device: self.schedule.device.max(0) as usize,
+            device: self.device,
         }
     }
 
-    /// Device address of the workspace, with its cudarc guard.
-    ///
-    /// The workspace is written through a shared reference (see the type's docs).
-    pub(crate) fn bind<'s>(&'s self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>) {
-        self.workspace.device_ptr(stream)
+    /// Device address of the workspace for writing on `stream`, with its cudarc guard.
+    pub(crate) fn bind<'s>(&'s mut self, stream: &'s CudaStream) -> (u64, SyncOnDrop<'s>) {
+        self.workspace.device_ptr_mut(stream)
     }
 
     /// The split workspace, for passing to the C ABI yourself.
     pub fn workspace(&self) -> &CudaSlice<f32> {
         &self.workspace
+    }
+}
+
+/// Refuses, with [`Error::Capture`], to run `what` (which allocates) on a stream that is
+/// capturing a CUDA graph.
+pub(crate) fn refuse_while_capturing(stream: &CudaStream, what: &str) -> Result<()> {
+    match stream.capture_status()? {
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Ok(()),
+        status => Err(Error::Capture(format!(
+            "{what} allocates: make it before capturing a graph (stream capture status {status:?})"
+        ))),
     }
 }
 

@@ -45,8 +45,11 @@ pub mod fault_code {
     pub const BAD_SLOT_ID: u32 = 4;
     /// A gather req_id outside `[0, batch)`: row = token, value = req_id.
     pub const BAD_REQ_ID: u32 = 5;
-    /// An append slot (not -1) outside the cache: row = token, value = low 32 bits of the slot.
+    /// An append slot (not -1) outside the cache: row = token, value = the slot (the device
+    /// flag holds all 64 bits; [`Fault::value`](super::Fault::value) here is 32-bit, and the reference has no append).
     pub const BAD_APPEND_SLOT: u32 = 6;
+    /// A sparse topk_len outside `0..=topk`, clamped: row = token, value = topk_len.
+    pub const BAD_TOPK_LEN: u32 = 7;
 }
 
 /// Result of attention: out `[rows, heads, 512]`, lse `[rows, heads]` (natural log), plus every

@@ -18,6 +18,9 @@ pub const MAX_Q_LEN: usize = 8;
 pub const MAX_TOPK: usize = 4096;
 /// Block sizes (cache rows per block) the kernels accept.
 pub const BLOCK_SIZES: [usize; 4] = [16, 32, 64, 128];
+/// Most query tokens one [`gather_slots`](crate::gather_slots) call takes (the kernel puts
+/// tokens on the grid's y axis).
+pub const MAX_GATHER_TOKENS: usize = 65_535;
 
 /// Element type of q, out and an f16/bf16 cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -113,55 +116,107 @@ impl Element for half::bf16 {
 }
 
 /// How one cache row of 576 values is stored.
+///
+/// A [`KvCache`](crate::KvCache) carries its format; a [`DecodePlan`](crate::DecodePlan) is
+/// made for one (`DenseShape::kv_format`, `SparseShape::kv_format`). f16 and bf16 caches are
+/// read with queries of the same dtype; the fp8 formats will be read with f16 or bf16
+/// queries, and today return [`Error::Unsupported`](crate::Error::Unsupported) (their kernels
+/// are issue #12).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KvFormat {
     /// 576 f16 values: 1152 bytes per row.
     F16,
     /// 576 bf16 values: 1152 bytes per row.
     Bf16,
-    /// The FlashMLA / vLLM sparse format, 656 bytes per row (described only: its kernels
-    /// are a later issue).
+    /// The FlashMLA / vLLM sparse format, 656 bytes per row, a scale per 128 latent values.
     ///
     /// Layout of one row, in order:
     /// - bytes `0..512`: the 512 latent values as float8 e4m3;
     /// - bytes `512..528`: 4 fp32 scales, one per 128 latent values (dequant = fp8 · scale);
     /// - bytes `528..656`: the 64 RoPE values as bf16 (not quantized).
+    ///
+    /// [`append_kv`](crate::append_kv) picks the scales by a [`ScaleRule`].
     Fp8DsMla,
+    /// 576 float8 e4m3 values, 576 bytes per row, dequantized with one fp32 scale for the
+    /// whole cache (vLLM's `fp8` kv-cache dtype with a per-tensor `k_scale`). The scale lives
+    /// in device memory and is part of the cache descriptor
+    /// ([`KvCache::with_scale`](crate::KvCache::with_scale)).
+    Fp8PerTensor,
 }
 
 impl KvFormat {
-    /// Bytes of one cache row: 1152, 1152 or 656.
+    /// Every format, in the order of their C ABI values.
+    pub const ALL: [KvFormat; 4] = [
+        KvFormat::F16,
+        KvFormat::Bf16,
+        KvFormat::Fp8DsMla,
+        KvFormat::Fp8PerTensor,
+    ];
+
+    /// Bytes of one cache row: 1152, 1152, 656 or 576.
     pub const fn row_bytes(self) -> usize {
         match self {
             KvFormat::F16 | KvFormat::Bf16 => 2 * HEAD_DIM,
             KvFormat::Fp8DsMla => LATENT_DIM + 4 * 4 + 2 * ROPE_DIM,
+            KvFormat::Fp8PerTensor => HEAD_DIM,
         }
     }
 
-    /// Name as the bench's `kv_format` field spells it: `"f16"`, `"bf16"`, `"fp8_ds_mla"`.
+    /// Name as the bench's `kv_format` field spells it: `"f16"`, `"bf16"`, `"fp8_ds_mla"`,
+    /// `"fp8_per_tensor"`.
     pub const fn name(self) -> &'static str {
         match self {
             KvFormat::F16 => "f16",
             KvFormat::Bf16 => "bf16",
             KvFormat::Fp8DsMla => "fp8_ds_mla",
+            KvFormat::Fp8PerTensor => "fp8_per_tensor",
         }
     }
 
     /// Parses a [`KvFormat::name`].
     pub fn from_name(name: &str) -> Option<KvFormat> {
-        [KvFormat::F16, KvFormat::Bf16, KvFormat::Fp8DsMla]
-            .into_iter()
-            .find(|f| f.name() == name)
+        KvFormat::ALL.into_iter().find(|f| f.name() == name)
     }
 
-    /// The C ABI's value.
-    pub const fn to_ffi(self) -> ffi::mla_kv_format_t {
+    /// The element type of an f16/bf16 cache; `None` for the fp8 formats.
+    pub const fn dtype(self) -> Option<DType> {
         match self {
-            KvFormat::F16 => ffi::mla_kv_format_t::MLA_KV_F16,
-            KvFormat::Bf16 => ffi::mla_kv_format_t::MLA_KV_BF16,
-            KvFormat::Fp8DsMla => ffi::mla_kv_format_t::MLA_KV_FP8_DS_MLA,
+            KvFormat::F16 => Some(DType::F16),
+            KvFormat::Bf16 => Some(DType::Bf16),
+            KvFormat::Fp8DsMla | KvFormat::Fp8PerTensor => None,
         }
     }
+
+    /// Whether the cache holds a per-tensor scale ([`KvFormat::Fp8PerTensor`]).
+    pub const fn needs_tensor_scale(self) -> bool {
+        matches!(self, KvFormat::Fp8PerTensor)
+    }
+
+    /// The C ABI's value; `None` for a format the C ABI does not have yet
+    /// ([`KvFormat::Fp8PerTensor`]).
+    pub const fn to_ffi(self) -> Option<ffi::mla_kv_format_t> {
+        match self {
+            KvFormat::F16 => Some(ffi::mla_kv_format_t::MLA_KV_F16),
+            KvFormat::Bf16 => Some(ffi::mla_kv_format_t::MLA_KV_BF16),
+            KvFormat::Fp8DsMla => Some(ffi::mla_kv_format_t::MLA_KV_FP8_DS_MLA),
+            KvFormat::Fp8PerTensor => None,
+        }
+    }
+}
+
+/// How a writer of an fp8 cache with per-tile scales ([`KvFormat::Fp8DsMla`]) picks each
+/// tile's scale from the tile's largest magnitude `amax` (448 is e4m3's largest value).
+///
+/// The same names are used by the f64 reference
+/// ([`reference::fp8`](crate::reference::fp8)), which also computes the scale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScaleRule {
+    /// `amax / 448` unrounded (in f32), at least `f32::MIN_POSITIVE`: vLLM's
+    /// `concat_and_cache_ds_mla`.
+    Raw,
+    /// The smallest power of two `>= max(amax / 448, 1e-4)`: FlashMLA's rule (a
+    /// power-of-two scale makes dequantization exact in any precision).
+    Pow2,
 }
 
 impl std::fmt::Display for KvFormat {
@@ -188,14 +243,22 @@ mod tests {
             KvFormat::Fp8DsMla.row_bytes(),
             ffi::MLA_ROW_BYTES_FP8_DS_MLA as usize
         );
+        for f in KvFormat::ALL {
+            if let Some(c) = f.to_ffi() {
+                assert_eq!(KvFormat::ALL[c as usize], f);
+            }
+        }
     }
 
     #[test]
     fn formats() {
         assert_eq!(KvFormat::F16.row_bytes(), 1152);
         assert_eq!(KvFormat::Fp8DsMla.row_bytes(), 656);
-        for f in [KvFormat::F16, KvFormat::Bf16, KvFormat::Fp8DsMla] {
+        assert_eq!(KvFormat::Fp8PerTensor.row_bytes(), 576);
+        for f in KvFormat::ALL {
             assert_eq!(KvFormat::from_name(f.name()), Some(f));
+            assert_eq!(f.row_bytes() % 16, 0, "{f}: rows stay 16-byte aligned");
+            assert_eq!(f.dtype().map(DType::kv_format), f.dtype().map(|_| f));
         }
         assert_eq!(KvFormat::from_name("fp8"), None);
         assert_eq!(DType::Bf16.kv_format(), KvFormat::Bf16);

@@ -22,21 +22,17 @@ pub const ROPE_OFFSET: usize = LATENT_DIM + 4 * (LATENT_DIM / TILE);
 
 const _: () = assert!(ROPE_OFFSET + 2 * ROPE_DIM == ROW_BYTES);
 
-/// How the writer picks each tile's scale from its largest magnitude `amax`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ScaleRule {
-    /// FlashMLA: the smallest power of two ≥ max(amax/448, 1e-4).
-    PowerOfTwo,
-    /// vLLM: amax/448 unrounded (in f32), at least `f32::MIN_POSITIVE`.
-    Exact,
-}
+/// How the writer picks each tile's scale from its largest magnitude `amax`: the crate's
+/// [`ScaleRule`](crate::ScaleRule) (`Raw`: vLLM, `Pow2`: FlashMLA), the one
+/// [`AppendArgs::scale_rule`](crate::AppendArgs::scale_rule) takes.
+pub use crate::types::ScaleRule;
 
 impl ScaleRule {
     /// The f32 scale of a tile whose largest magnitude is `amax`.
     pub fn scale(self, amax: f64) -> f32 {
         let s = amax as f32 / 448.0f32;
         match self {
-            ScaleRule::PowerOfTwo => {
+            ScaleRule::Pow2 => {
                 let s = s.max(1e-4);
                 let p = pow2_floor(s as f64) as f32;
                 if p == s {
@@ -45,7 +41,7 @@ impl ScaleRule {
                     2.0 * p
                 }
             }
-            ScaleRule::Exact => s.max(f32::MIN_POSITIVE),
+            ScaleRule::Raw => s.max(f32::MIN_POSITIVE),
         }
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use mla_decode::cudarc::driver::{CudaSlice, CudaStream};
 use mla_decode::half::{bf16, f16};
 use mla_decode::reference::{fault_code, Fault};
-use mla_decode::{append_kv, DType, ErrorFlag, KvCacheMut, HEAD_DIM};
+use mla_decode::{append_kv, AppendArgs, DType, ErrorFlag, KvCacheMut, HEAD_DIM};
 
 use crate::kit::*;
 
@@ -17,39 +17,26 @@ use crate::kit::*;
 /// Appends `n` random rows (token stride > 576, about a fifth of the slots -1) into a padded
 /// cache and compares the whole cache buffer bitwise with the expected one; then a mapping
 /// with bad slots: only the good rows are written, and the flag records a BadAppendSlot.
-fn check_append<T: Half>(
+///
+/// With `tail > 0` the kv and slot_mapping buffers are preallocated `tail` rows longer than
+/// each call's `num_tokens`, the extra rows holding valid slots of random rows: appending
+/// any of them would change the cache.
+pub(crate) fn check_append<T: Half>(
     label: &str,
     rng: &mut Rng,
     stream: &Arc<CudaStream>,
     num_blocks: usize,
     block_size: usize,
     n: usize,
+    tail: usize,
 ) {
     let pad = 8 * rng.below(3);
     let mut host = HostCache::<T>::random(rng, num_blocks, block_size, pad);
     let mut dev = host.upload(stream);
     let slots_total = host.num_slots();
-    let flag = ErrorFlag::new(stream).unwrap();
+    let mut flag = ErrorFlag::new(stream).unwrap();
 
-    let stride_bytes = host.stride_bytes();
-    let append = |kv: &[T], stride: usize, slots: &[i64], dev: &mut CudaSlice<T>| {
-        let kv_dev = stream.clone_htod(kv).unwrap();
-        let slots_dev = stream.clone_htod(slots).unwrap();
-        let mut cache = if pad == 0 {
-            KvCacheMut::contiguous(dev.as_view_mut(), block_size)
-        } else {
-            KvCacheMut::strided(dev.as_view_mut(), block_size, num_blocks, stride_bytes)
-        };
-        append_kv(
-            stream,
-            &kv_dev.as_view(),
-            stride,
-            &slots_dev.as_view(),
-            &mut cache,
-            Some(&flag),
-        )
-        .unwrap();
-    };
+    let layout = host.layout();
     let random_rows = |rng: &mut Rng, n: usize, stride: usize| {
         let mut kv = vec![T::nan(); (n - 1) * stride + HEAD_DIM];
         for i in 0..n {
@@ -59,6 +46,37 @@ fn check_append<T: Half>(
         }
         kv
     };
+    // Appends the rows of `kv` through `slots` (`num_tokens` = `slots.len()`), from buffers
+    // `tail` rows longer.
+    let append = |rng: &mut Rng,
+                  (kv, stride): (&[T], usize),
+                  slots: &[i64],
+                  dev: &mut CudaSlice<T>,
+                  flag: &mut ErrorFlag| {
+        let mut kv_buf = kv.to_vec();
+        let mut slots_buf = slots.to_vec();
+        if tail > 0 {
+            kv_buf.resize((slots.len() + tail) * stride, T::nan());
+            let junk = random_rows(rng, tail, stride);
+            kv_buf[slots.len() * stride..][..junk.len()].copy_from_slice(&junk);
+            slots_buf.extend(rng.sample(slots_total, tail).into_iter().map(|s| s as i64));
+        }
+        let kv_dev = stream.clone_htod(&kv_buf).unwrap();
+        let slots_dev = stream.clone_htod(&slots_buf).unwrap();
+        let mut cache = if pad == 0 {
+            KvCacheMut::contiguous(dev, T::DTYPE.kv_format(), block_size).unwrap()
+        } else {
+            KvCacheMut::new(dev, layout)
+        };
+        let args = AppendArgs {
+            kv: &kv_dev,
+            kv_token_stride: stride,
+            slot_mapping: &slots_dev,
+            num_tokens: slots.len(),
+            scale_rule: None,
+        };
+        append_kv(stream, &args, &mut cache, Some(flag)).unwrap();
+    };
 
     let stride = HEAD_DIM + 8 * rng.below(4);
     let kv = random_rows(rng, n, stride);
@@ -67,7 +85,7 @@ fn check_append<T: Half>(
         .into_iter()
         .map(|s| if rng.below(5) == 0 { -1 } else { s as i64 })
         .collect();
-    append(&kv, stride, &slots, &mut dev);
+    append(rng, (&kv, stride), &slots, &mut dev, &mut flag);
     let mut expected = host.clone();
     for (i, &slot) in slots.iter().enumerate() {
         if slot >= 0 {
@@ -92,7 +110,7 @@ fn check_append<T: Half>(
         good[1] as i64,
     ];
     let kv = random_rows(rng, slots.len(), HEAD_DIM);
-    append(&kv, HEAD_DIM, &slots, &mut dev);
+    append(rng, (&kv, HEAD_DIM), &slots, &mut dev, &mut flag);
     for (i, &slot) in slots.iter().enumerate() {
         if slot == good[0] as i64 || slot == good[1] as i64 {
             host.row_mut(slot as usize)
@@ -141,7 +159,7 @@ fn append_kv_random_rows() {
         let n = rng.range(1, num_blocks * bs / 2);
         let label = format!("append bs {bs} blocks {num_blocks} rows {n}");
         let dtype = [DType::Bf16, DType::F16][i % 2];
-        with_dtype!(dtype, T => check_append::<T>(&label, &mut rng, &stream, num_blocks, bs, n));
+        with_dtype!(dtype, T => check_append::<T>(&label, &mut rng, &stream, num_blocks, bs, n, 0));
     }
 }
 
@@ -151,8 +169,8 @@ fn append_kv_random_rows() {
 fn sanitize_append_kv() {
     let (_ctx, stream) = gpu();
     let mut rng = rng_for("sanitize_append_kv");
-    check_append::<bf16>("sanitize append bf16", &mut rng, &stream, 4, 16, 20);
-    check_append::<f16>("sanitize append f16", &mut rng, &stream, 3, 32, 9);
+    check_append::<bf16>("sanitize append bf16", &mut rng, &stream, 4, 16, 20, 0);
+    check_append::<f16>("sanitize append f16", &mut rng, &stream, 3, 32, 9, 0);
 }
 
 // ---------------------------------------------------------------------------------------------

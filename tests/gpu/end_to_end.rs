@@ -7,8 +7,8 @@ use std::sync::Arc;
 use mla_decode::cudarc::driver::CudaStream;
 use mla_decode::half::{bf16, f16};
 use mla_decode::{
-    gather_slots, sparse_decode, DType, DecodePlan, ErrorFlag, PlanOptions, SparseIndices,
-    SparseShape,
+    gather_slots, sparse_decode, DType, DecodePlan, ErrorFlag, GatherArgs, PlanOptions, SparseArgs,
+    SparseIndices, SparseShape,
 };
 
 use crate::kit::*;
@@ -100,39 +100,41 @@ fn sparse_vs_dense<T: Half>(label: &str, rng: &mut Rng, stream: &Arc<CudaStream>
     let qd = q.upload(stream);
     let indices = stream.clone_htod(&s.indices).unwrap();
     let topk_len_dev = stream.clone_htod(s.topk_len.as_ref().unwrap()).unwrap();
-    let flag = ErrorFlag::new(stream).unwrap();
+    let mut flag = ErrorFlag::new(stream).unwrap();
 
-    let dense_plan = DecodePlan::dense(stream, d.shape(), PlanOptions::default()).unwrap();
+    let mut dense_plan = DecodePlan::dense(stream, d.shape(), PlanOptions::default()).unwrap();
     let mut out_d = DevOut::random(rng, stream, tokens, heads);
     let mut lse_d = DevLse::random(rng, stream, tokens, heads);
     d.decode(
         stream,
         &dev,
-        &dense_plan,
+        &mut dense_plan,
         &qd,
         &mut out_d,
         Some(&mut lse_d),
-        Some(&flag),
+        Some(&mut flag),
     )
     .unwrap();
     let dense_got = Outputs::read(stream, &out_d, Some(&lse_d), &flag);
 
-    let sparse_plan = DecodePlan::sparse(stream, s.shape(), PlanOptions::default()).unwrap();
+    let mut sparse_plan = DecodePlan::sparse(stream, s.shape(), PlanOptions::default()).unwrap();
     let mut out_s = DevOut::random(rng, stream, tokens, heads);
     let mut lse_s = DevLse::random(rng, stream, tokens, heads);
     {
-        let mut lse_view = lse_s.view();
+        let args = SparseArgs {
+            q: qd.view(),
+            kv_cache: d.cache.view(&dev.cache), // the dense call's cache buffer
+            indices: s.indices_view(&indices),
+            topk_len: Some(&topk_len_dev),
+            softmax_scale: s.scale,
+        };
         sparse_decode(
             stream,
-            &sparse_plan,
-            &qd.view(),
-            &d.cache.view(&dev.cache), // the dense call's cache buffer
-            &s.indices_view(&indices),
-            Some(&topk_len_dev.as_view()),
+            &mut sparse_plan,
+            &args,
             &mut out_s.view(),
-            Some(&mut lse_view),
-            s.scale,
-            Some(&flag),
+            Some(&mut lse_s.view()),
+            Some(&mut flag),
         )
         .unwrap();
     }
@@ -260,32 +262,30 @@ fn glm5_step<T: Half>(rng: &mut Rng, stream: &Arc<CudaStream>) {
     let mut slots_dev = stream
         .clone_htod(&vec![GATHER_POISON; g.out_len()])
         .unwrap();
-    let flag = ErrorFlag::new(stream).unwrap();
-    gather_slots(
-        stream,
-        &positions_dev.as_view(),
-        g.pos_stride,
+    let mut flag = ErrorFlag::new(stream).unwrap();
+    let gather = GatherArgs {
+        positions: &positions_dev,
+        positions_stride: g.pos_stride,
+        req_id: &req_dev,
+        block_table: d.table_view(&dev.table),
+        seq_lens: &dev.seq_lens,
+        kv_cache: d.cache.view(&dev.cache), // the cache the sparse decode reads
         topk,
-        &req_dev.as_view(),
-        &d.table_view(&dev.table),
-        &dev.seq_lens.as_view(),
-        d.cache.num_blocks,
-        bs,
-        &mut slots_dev.as_view_mut(),
-        g.out_stride,
-        Some(&flag),
-    )
-    .unwrap();
+        num_tokens: tokens,
+        out_stride: g.out_stride,
+    };
+    gather_slots(stream, &gather, &mut slots_dev, Some(&mut flag)).unwrap();
 
     let kind = QKind::random(rng);
     let q = HostQuery::<T>::random(rng, kind, tokens, heads);
     let qd = q.upload(stream);
-    let plan = DecodePlan::sparse(
+    let mut plan = DecodePlan::sparse(
         stream,
         SparseShape {
             num_tokens: tokens,
             num_heads: heads,
             topk,
+            kv_format: T::DTYPE.kv_format(),
         },
         PlanOptions::default(),
     )
@@ -293,18 +293,20 @@ fn glm5_step<T: Half>(rng: &mut Rng, stream: &Arc<CudaStream>) {
     let mut out = DevOut::random(rng, stream, tokens, heads);
     let mut lse = DevLse::random(rng, stream, tokens, heads);
     {
-        let mut lse_view = lse.view();
+        let args = SparseArgs {
+            q: qd.view(),
+            kv_cache: d.cache.view(&dev.cache),
+            indices: SparseIndices::contiguous(&slots_dev, topk).with_row_stride(g.out_stride),
+            topk_len: None,
+            softmax_scale: scale,
+        };
         sparse_decode(
             stream,
-            &plan,
-            &qd.view(),
-            &d.cache.view(&dev.cache),
-            &SparseIndices::strided(slots_dev.as_view(), topk, g.out_stride),
-            None,
+            &mut plan,
+            &args,
             &mut out.view(),
-            Some(&mut lse_view),
-            scale,
-            Some(&flag),
+            Some(&mut lse.view()),
+            Some(&mut flag),
         )
         .unwrap();
     }

@@ -8,20 +8,29 @@
 //! Data are fresh random values each run: proptest cases print their value (which holds the
 //! data seed) on failure, the other tests print their seed (`MLA_TEST_SEED` replays one).
 //!
-//! - [`plumbing`]: hand-computed answers for the safe layer's plumbing (device info, the flag,
-//!   views and strides, validation with real buffers);
+//! - [`plumbing`]: hand-computed answers for the safe layer's plumbing (device info, the flag
+//!   and its non-blocking reads, views and strides, validation with real buffers);
+//! - [`pending`]: what the API describes and the kernels do not do yet (fp8 caches refused
+//!   as unsupported; fault values of 64 bits, which fails until the kernels write them);
 //! - [`dense`], [`sparse`]: each decode against the f64 reference, and the inputs the host
 //!   cannot check;
 //! - [`cache_ops`]: `append_kv` and `gather_slots`;
 //! - [`end_to_end`]: sparse over every slot equals dense; a GLM-5 step gather → sparse;
-//! - [`repeat`]: plan reuse, CUDA-graph replay, bitwise determinism.
+//! - [`repeat`]: plan reuse, CUDA-graph replay, bitwise determinism;
+//! - [`graph`]: `capture_graph` (its refusals; dense and sparse steps replayed with new
+//!   inputs, the flag snapshotted on the device);
+//! - [`capacity`]: preallocated maximum-size buffers: every call with buffers longer than
+//!   its token count, nothing past the count read or written.
 
 #[path = "../kit/mod.rs"]
 mod kit;
 
 mod cache_ops;
+mod capacity;
 mod dense;
 mod end_to_end;
+mod graph;
+mod pending;
 mod plumbing;
 mod repeat;
 mod sparse;

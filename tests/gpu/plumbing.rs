@@ -5,35 +5,25 @@
 
 use std::sync::Arc;
 
-use mla_decode::cudarc::driver::{result, CudaStream, DevicePtr};
+use mla_decode::cudarc::driver::CudaStream;
 use mla_decode::half::{bf16, f16};
 use mla_decode::*;
 
 use crate::kit::gpu;
 
-fn stream() -> Arc<CudaStream> {
+pub(crate) fn stream() -> Arc<CudaStream> {
     gpu().1
 }
 
-/// Writes `words` into the flag's 4 device words, as a kernel that found a fault would.
-fn write_flag(stream: &Arc<CudaStream>, flag: &ErrorFlag, words: [u32; 4]) {
-    stream.context().bind_to_thread().unwrap();
-    let (ptr, _guard) = flag.raw().device_ptr(stream);
-    // SAFETY: the flag owns 16 bytes at `ptr`; the copy is ordered on `stream`, which is
-    // synchronized before `words` goes out of scope.
-    unsafe { result::memcpy_htod_async(ptr, &words[..], stream.cu_stream()) }.unwrap();
-    stream.synchronize().unwrap();
-}
-
 /// Cache of `num_blocks` blocks of 16 rows: row `slot` = `value(slot)` in all 576 dims.
-fn cache_rows<T: Element>(num_blocks: usize, value: impl Fn(usize) -> f64) -> Vec<T> {
+pub(crate) fn cache_rows<T: Element>(num_blocks: usize, value: impl Fn(usize) -> f64) -> Vec<T> {
     (0..num_blocks * 16 * HEAD_DIM)
         .map(|i| T::from_f64(value(i / HEAD_DIM)))
         .collect()
 }
 
 /// `(out, lse)` of attention over rows of constant values `cs` with `Σq = qsum`.
-fn expected(cs: &[f64], qsum: f64, scale: f64) -> (f64, f64) {
+pub(crate) fn expected(cs: &[f64], qsum: f64, scale: f64) -> (f64, f64) {
     let w: Vec<f64> = cs.iter().map(|c| (scale * c * qsum).exp()).collect();
     let total: f64 = w.iter().sum();
     let out = w.iter().zip(cs).map(|(w, c)| w * c).sum::<f64>() / total;
@@ -41,7 +31,7 @@ fn expected(cs: &[f64], qsum: f64, scale: f64) -> (f64, f64) {
 }
 
 #[track_caller]
-fn close(got: f64, want: f64, tol: f64, what: &str) {
+pub(crate) fn close(got: f64, want: f64, tol: f64, what: &str) {
     assert!(
         (got - want).abs() <= tol * want.abs().max(1.0),
         "{what}: got {got}, want {want}"
@@ -61,19 +51,44 @@ fn gpu_device_info_and_error_flag() {
     );
     assert!(info.l2_cache_bytes > 0, "{info:?}");
 
-    let flag = ErrorFlag::new(&stream).unwrap();
+    let mut flag = ErrorFlag::new(&stream).unwrap();
     assert_eq!(flag.check(&stream), Ok(()));
-    write_flag(&stream, &flag, [3u32, 7, (-2i32) as u32, 0]);
+    stream
+        .memcpy_htod(&[3u32, 7, (-2i32) as u32, u32::MAX], flag.raw_mut())
+        .unwrap();
+    let fault = Err(Error::DeviceFault {
+        code: FaultCode::SeqLenTooLarge,
+        row: 7,
+        value: -2,
+    });
+    assert_eq!(flag.check(&stream), fault);
+
+    // Non-blocking reads: behind an event, and device to device.
+    let reading = flag.read_async(&stream).unwrap();
+    assert_eq!(reading.wait(), fault);
+    assert_eq!(reading.try_get(), Some(fault.clone()));
+    let mut copy = stream.alloc_zeros::<u32>(6).unwrap();
+    flag.copy_to(&stream, &mut copy.slice_mut(2..)).unwrap();
     assert_eq!(
-        flag.check(&stream),
-        Err(Error::DeviceFault {
-            code: FaultCode::SeqLenTooLarge,
-            row: 7,
-            value: -2
-        })
+        stream.clone_dtoh(&copy).unwrap(),
+        [0, 0, 3, 7, (-2i32) as u32, u32::MAX]
     );
+    let err = flag.copy_to(&stream, &mut copy.slice_mut(..3));
+    assert!(
+        matches!(err, Err(Error::InvalidArgument { arg: "dst", .. })),
+        "{err:?}"
+    );
+
     flag.reset(&stream).unwrap();
     assert_eq!(flag.read(&stream).unwrap(), [0; 4]);
+    let mut reading = FlagReading::new(&stream).unwrap();
+    assert_eq!(
+        reading.try_get(),
+        Some(Ok(())),
+        "a fresh reading reads clear"
+    );
+    flag.read_async_into(&stream, &mut reading).unwrap();
+    assert_eq!(reading.wait(), Ok(()));
 }
 
 /// Dense bf16, 1 request, 2 heads, blocks of 16; logical blocks [2, 0]; seq_len 3, so the
@@ -102,7 +117,7 @@ fn gpu_dense_plumbing() {
     let poison = bf16::from_f64(12345.0);
     let mut out = stream.clone_htod(&vec![poison; heads * 640]).unwrap();
     let mut lse = stream.clone_htod(&vec![f32::NAN; heads]).unwrap();
-    let flag = ErrorFlag::new(&stream).unwrap();
+    let mut flag = ErrorFlag::new(&stream).unwrap();
 
     let shape = DenseShape {
         batch: 1,
@@ -110,24 +125,45 @@ fn gpu_dense_plumbing() {
         num_heads: heads,
         block_size: 16,
         max_blocks_per_seq: 2,
+        kv_format: KvFormat::Bf16,
     };
-    let plan = DecodePlan::dense(&stream, shape, PlanOptions::default()).unwrap();
+    let mut plan = DecodePlan::dense(&stream, shape, PlanOptions::default()).unwrap();
+    assert_eq!((plan.num_tokens(), plan.num_heads()), (1, heads));
+    assert_eq!(plan.kv_format(), KvFormat::Bf16);
+    assert!(plan.workspace_bytes() > 0);
     let scale = 1.0 / 16.0;
-    let kv = KvCache::contiguous(cache.as_view(), 16);
+    let kv = KvCache::contiguous(&cache, KvFormat::Bf16, 16).unwrap();
     assert_eq!(kv.num_blocks(), num_blocks);
-    let bt = BlockTable::new(table.as_view(), 1, 2);
+    let out_strides = Strides {
+        token: heads * 640,
+        head: 640,
+    };
+    let args = DenseArgs {
+        q: Query::contiguous(&q, heads),
+        kv_cache: kv,
+        block_table: BlockTable::new(
+            &table,
+            TableShape {
+                batch: 1,
+                max_blocks_per_seq: 2,
+            },
+        ),
+        seq_lens: &seq_lens,
+        softmax_scale: scale,
+    };
 
-    // Validation with real views: seq_lens shorter than the batch, a misaligned q.
+    // Validation with real views: seq_lens shorter than the batch, a misaligned q, a cache
+    // with a trailing partial block, an f16 plan for a bf16 cache.
+    let empty = seq_lens.slice(0..0);
     let err = dense_decode(
         &stream,
-        &plan,
-        &Query::contiguous(q.as_view(), heads),
-        &kv,
-        &bt,
-        &seq_lens.slice(0..0),
-        &mut Output::strided(out.as_view_mut(), heads * 640, 640),
+        &mut plan,
+        &DenseArgs {
+            seq_lens: &empty,
+            ..args.clone()
+        },
+        &mut Output::strided(&mut out, out_strides),
         None,
-        scale,
         None,
     );
     assert!(
@@ -142,32 +178,68 @@ fn gpu_dense_plumbing() {
     );
     let err = dense_decode(
         &stream,
-        &plan,
-        &Query::strided(q.slice(1..), HEAD_DIM, HEAD_DIM),
-        &kv,
-        &bt,
-        &seq_lens.as_view(),
-        &mut Output::strided(out.as_view_mut(), heads * 640, 640),
+        &mut plan,
+        &DenseArgs {
+            q: Query::strided(
+                q.slice(1..),
+                Strides {
+                    token: HEAD_DIM,
+                    head: HEAD_DIM,
+                },
+            ),
+            ..args.clone()
+        },
+        &mut Output::strided(&mut out, out_strides),
         None,
-        scale,
         None,
     );
     assert!(
         matches!(err, Err(Error::InvalidArgument { arg: "q", .. })),
         "{err:?}"
     );
+    let partial = cache.slice(..cache.len() - HEAD_DIM);
+    let err = KvCache::contiguous(&partial, KvFormat::Bf16, 16);
+    assert!(
+        matches!(
+            err,
+            Err(Error::InvalidArgument {
+                arg: "kv_cache",
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    let f16_shape = DenseShape {
+        kv_format: KvFormat::F16,
+        ..shape
+    };
+    let mut f16_plan = DecodePlan::dense(&stream, f16_shape, PlanOptions::default()).unwrap();
+    let err = dense_decode(
+        &stream,
+        &mut f16_plan,
+        &args,
+        &mut Output::strided(&mut out, out_strides),
+        None,
+        None,
+    );
+    assert!(
+        matches!(
+            err,
+            Err(Error::InvalidArgument {
+                arg: "kv_cache",
+                ..
+            })
+        ),
+        "{err:?}"
+    );
 
     dense_decode(
         &stream,
-        &plan,
-        &Query::contiguous(q.as_view(), heads),
-        &kv,
-        &bt,
-        &seq_lens.as_view(),
-        &mut Output::strided(out.as_view_mut(), heads * 640, 640),
-        Some(&mut Lse::contiguous(lse.as_view_mut(), heads)),
-        scale,
-        Some(&flag),
+        &mut plan,
+        &args,
+        &mut Output::strided(&mut out, out_strides),
+        Some(&mut Lse::contiguous(&mut lse, heads)),
+        Some(&mut flag),
     )
     .unwrap();
     flag.check(&stream).unwrap();
@@ -193,17 +265,24 @@ fn gpu_dense_plumbing() {
     let bad_table = stream.clone_htod(&[2i32, 99]).unwrap();
     let lens = stream.clone_htod(&[20i32]).unwrap();
     let mut out2 = stream.alloc_zeros::<bf16>(heads * LATENT_DIM).unwrap();
+    let bad_args = DenseArgs {
+        block_table: BlockTable::new(
+            &bad_table,
+            TableShape {
+                batch: 1,
+                max_blocks_per_seq: 2,
+            },
+        ),
+        seq_lens: &lens,
+        ..args.clone()
+    };
     dense_decode(
         &stream,
-        &plan,
-        &Query::contiguous(q.as_view(), heads),
-        &kv,
-        &BlockTable::new(bad_table.as_view(), 1, 2),
-        &lens.as_view(),
-        &mut Output::contiguous(out2.as_view_mut(), heads),
+        &mut plan,
+        &bad_args,
+        &mut Output::contiguous(&mut out2, heads),
         None,
-        scale,
-        Some(&flag),
+        Some(&mut flag),
     )
     .unwrap();
     match flag.check(&stream) {
@@ -249,37 +328,46 @@ fn gpu_sparse_plumbing() {
         .unwrap();
     // lse as FlashMLA lays it out: [heads, tokens].
     let mut lse = stream.clone_htod(&vec![f32::NAN; heads * tokens]).unwrap();
-    let flag = ErrorFlag::new(&stream).unwrap();
+    let mut flag = ErrorFlag::new(&stream).unwrap();
 
     let shape = SparseShape {
         num_tokens: tokens,
         num_heads: heads,
         topk,
+        kv_format: KvFormat::F16,
     };
-    let plan = DecodePlan::sparse(&stream, shape, PlanOptions::default()).unwrap();
-    let scale = 0.1f32;
-    let q = Query::split(
-        nope.as_view(),
-        heads * LATENT_DIM,
-        LATENT_DIM,
-        rope.as_view(),
-        heads * ROPE_DIM,
-        ROPE_DIM,
-    );
-    let kv = KvCache::contiguous(cache.as_view(), 16);
-    let indices = SparseIndices::contiguous(ids.as_view(), topk);
+    let mut plan = DecodePlan::sparse(&stream, shape, PlanOptions::default()).unwrap();
+    let args = SparseArgs {
+        q: Query::split(
+            &nope,
+            Strides {
+                token: heads * LATENT_DIM,
+                head: LATENT_DIM,
+            },
+            &rope,
+            Strides {
+                token: heads * ROPE_DIM,
+                head: ROPE_DIM,
+            },
+        ),
+        kv_cache: KvCache::contiguous(&cache, KvFormat::F16, 16).unwrap(),
+        indices: SparseIndices::contiguous(&ids, topk),
+        topk_len: Some(&topk_len),
+        softmax_scale: 0.1f32,
+    };
+    let scale = args.softmax_scale;
 
     // Validation with real views: topk_len shorter than the tokens.
+    let short = topk_len.slice(0..1);
     let err = sparse_decode(
         &stream,
-        &plan,
-        &q,
-        &kv,
-        &indices,
-        Some(&topk_len.slice(0..1)),
-        &mut Output::contiguous(out.as_view_mut(), heads),
+        &mut plan,
+        &SparseArgs {
+            topk_len: Some(&short),
+            ..args.clone()
+        },
+        &mut Output::contiguous(&mut out, heads),
         None,
-        scale,
         None,
     );
     assert!(
@@ -295,15 +383,17 @@ fn gpu_sparse_plumbing() {
 
     sparse_decode(
         &stream,
-        &plan,
-        &q,
-        &kv,
-        &indices,
-        Some(&topk_len.as_view()),
-        &mut Output::contiguous(out.as_view_mut(), heads),
-        Some(&mut Lse::strided(lse.as_view_mut(), 1, tokens)),
-        scale,
-        Some(&flag),
+        &mut plan,
+        &args,
+        &mut Output::contiguous(&mut out, heads),
+        Some(&mut Lse::strided(
+            &mut lse,
+            Strides {
+                token: 1,
+                head: tokens,
+            },
+        )),
+        Some(&mut flag),
     )
     .unwrap();
     match flag.check(&stream) {
@@ -339,7 +429,8 @@ fn gpu_sparse_plumbing() {
     }
 }
 
-/// Append three rows (one padded out by -1), then gather positions through a block table.
+/// Append three rows (one padded out by -1) from buffers longer than the step, then
+/// gather positions through a block table into the slots of the same cache.
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu_append_and_gather() {
@@ -348,24 +439,43 @@ fn gpu_append_and_gather() {
     let mut cache = stream
         .alloc_zeros::<bf16>(num_blocks * 16 * HEAD_DIM)
         .unwrap();
-    // kv rows 640 apart: row i = i+1 in all dims.
-    let kv: Vec<bf16> = (0..3 * 640)
+    // kv rows 640 apart: row i = i+1 in all dims; a fourth row that must not be appended.
+    let kv: Vec<bf16> = (0..4 * 640)
         .map(|i| bf16::from_f64((i / 640 + 1) as f64))
         .collect();
     let kv = stream.clone_htod(&kv).unwrap();
-    let slots = stream.clone_htod(&[5i64, -1, 40]).unwrap();
-    let flag = ErrorFlag::new(&stream).unwrap();
+    let slots = stream.clone_htod(&[5i64, -1, 40, 41]).unwrap();
+    let mut flag = ErrorFlag::new(&stream).unwrap();
+    let append = AppendArgs {
+        kv: &kv,
+        kv_token_stride: 640,
+        slot_mapping: &slots,
+        num_tokens: 3,
+        scale_rule: None,
+    };
     {
-        let mut kc = KvCacheMut::contiguous(cache.as_view_mut(), 16);
-        append_kv(
+        let mut kc = KvCacheMut::contiguous(&mut cache, KvFormat::Bf16, 16).unwrap();
+        append_kv(&stream, &append, &mut kc, Some(&mut flag)).unwrap();
+        // A scale rule for a bf16 cache is refused, naming the field.
+        let err = append_kv(
             &stream,
-            &kv.as_view(),
-            640,
-            &slots.as_view(),
+            &AppendArgs {
+                scale_rule: Some(ScaleRule::Pow2),
+                ..append
+            },
             &mut kc,
-            Some(&flag),
-        )
-        .unwrap();
+            None,
+        );
+        assert!(
+            matches!(
+                err,
+                Err(Error::InvalidArgument {
+                    arg: "scale_rule",
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
     }
     flag.check(&stream).unwrap();
     let host = stream.clone_dtoh(&cache).unwrap();
@@ -381,19 +491,18 @@ fn gpu_append_and_gather() {
             "cache row {slot}: want {want}"
         );
     }
-    // A slot outside the cache: skipped and recorded.
+    // A slot outside the cache: skipped and recorded (`gpu_fault_values_are_64_bit` checks
+    // the high bits of a value).
     let bad = stream.clone_htod(&[64i64]).unwrap();
     {
-        let mut kc = KvCacheMut::contiguous(cache.as_view_mut(), 16);
-        append_kv(
-            &stream,
-            &kv.slice(..HEAD_DIM),
-            HEAD_DIM,
-            &bad.as_view(),
-            &mut kc,
-            Some(&flag),
-        )
-        .unwrap();
+        let mut kc = KvCacheMut::contiguous(&mut cache, KvFormat::Bf16, 16).unwrap();
+        let args = AppendArgs {
+            kv_token_stride: HEAD_DIM,
+            slot_mapping: &bad,
+            num_tokens: 1,
+            ..append
+        };
+        append_kv(&stream, &args, &mut kc, Some(&mut flag)).unwrap();
     }
     match flag.check(&stream) {
         Err(Error::DeviceFault {
@@ -405,30 +514,35 @@ fn gpu_append_and_gather() {
     }
     flag.reset(&stream).unwrap();
 
-    // Gather: 2 requests, tables [[2, 0], [1, 3]], seq_lens [20, 5]; out rows 6 apart.
+    // Gather: 2 requests, tables [[2, 0], [1, 3]], seq_lens [20, 5]; out rows 6 apart; the
+    // buffers hold a third token that must not be gathered.
     let table = stream.clone_htod(&[2i32, 0, 1, 3]).unwrap();
     let lens = stream.clone_htod(&[20i32, 5]).unwrap();
-    let positions = stream.clone_htod(&[0i32, 17, 20, -1, 4, 5, 0, 3]).unwrap();
-    let req = stream.clone_htod(&[0i32, 1]).unwrap();
-    let mut out = stream.clone_htod(&[777i32; 12]).unwrap();
-    gather_slots(
-        &stream,
-        &positions.as_view(),
-        4,
-        4,
-        &req.as_view(),
-        &BlockTable::new(table.as_view(), 2, 2),
-        &lens.as_view(),
-        num_blocks,
-        16,
-        &mut out.as_view_mut(),
-        6,
-        Some(&flag),
-    )
-    .unwrap();
+    let positions = stream
+        .clone_htod(&[0i32, 17, 20, -1, 4, 5, 0, 3, 0, 0, 0, 0])
+        .unwrap();
+    let req = stream.clone_htod(&[0i32, 1, 0]).unwrap();
+    let mut out = stream.clone_htod(&[777i32; 18]).unwrap();
+    let gather = GatherArgs {
+        positions: &positions,
+        positions_stride: 4,
+        req_id: &req,
+        block_table: BlockTable::new(
+            &table,
+            TableShape {
+                batch: 2,
+                max_blocks_per_seq: 2,
+            },
+        ),
+        seq_lens: &lens,
+        kv_cache: KvCache::contiguous(&cache, KvFormat::Bf16, 16).unwrap(),
+        topk: 4,
+        num_tokens: 2,
+        out_stride: 6,
+    };
+    gather_slots(&stream, &gather, &mut out, Some(&mut flag)).unwrap();
     flag.check(&stream).unwrap();
-    assert_eq!(
-        stream.clone_dtoh(&out).unwrap(),
-        [32, 1, -1, -1, 777, 777, 20, -1, 16, 19, 777, 777]
-    );
+    let mut want = vec![32, 1, -1, -1, 777, 777, 20, -1, 16, 19, 777, 777];
+    want.extend([777; 6]);
+    assert_eq!(stream.clone_dtoh(&out).unwrap(), want);
 }

@@ -41,8 +41,8 @@ fn dense_plan_reused_by_two_layers() {
     let q2 = HostQuery::<f16>::random(&mut rng, QKind::SplitShared, s1.tokens(), s1.heads);
     let (dev1, dev2) = (s1.upload(&stream), s2.upload(&stream));
     let (qd1, qd2) = (q1.upload(&stream), q2.upload(&stream));
-    let flag = ErrorFlag::new(&stream).unwrap();
-    let plan = DecodePlan::dense(&stream, s1.shape(), PlanOptions::default()).unwrap();
+    let mut flag = ErrorFlag::new(&stream).unwrap();
+    let mut plan = DecodePlan::dense(&stream, s1.shape(), PlanOptions::default()).unwrap();
 
     let mut outs = Vec::new();
     for (s, dev, qd) in [(&s1, &dev1, &qd1), (&s2, &dev2, &qd2), (&s1, &dev1, &qd1)] {
@@ -51,11 +51,11 @@ fn dense_plan_reused_by_two_layers() {
         s.decode(
             &stream,
             dev,
-            &plan,
+            &mut plan,
             qd,
             &mut out,
             Some(&mut lse),
-            Some(&flag),
+            Some(&mut flag),
         )
         .unwrap();
         outs.push(Outputs::read(&stream, &out, Some(&lse), &flag));
@@ -116,18 +116,18 @@ fn dense_cuda_graph_capture_and_replay() {
     let mut qd = q.upload(&stream);
     let mut out = DevOut::random(&mut rng, &stream, s.tokens(), s.heads);
     let mut lse = DevLse::random(&mut rng, &stream, s.tokens(), s.heads);
-    let flag = ErrorFlag::new(&stream).unwrap();
-    let plan = DecodePlan::dense(&stream, s.shape(), PlanOptions::default()).unwrap();
+    let mut flag = ErrorFlag::new(&stream).unwrap();
+    let mut plan = DecodePlan::dense(&stream, s.shape(), PlanOptions::default()).unwrap();
 
     // Warm-up outside the capture (first launches may set kernel attributes).
     s.decode(
         &stream,
         &dev,
-        &plan,
+        &mut plan,
         &qd,
         &mut out,
         Some(&mut lse),
-        Some(&flag),
+        Some(&mut flag),
     )
     .unwrap();
     let got = Outputs::read(&stream, &out, Some(&lse), &flag);
@@ -143,11 +143,11 @@ fn dense_cuda_graph_capture_and_replay() {
     s.decode(
         &stream,
         &dev,
-        &plan,
+        &mut plan,
         &qd,
         &mut out,
         Some(&mut lse),
-        Some(&flag),
+        Some(&mut flag),
     )
     .unwrap();
     let graph = stream
@@ -190,7 +190,7 @@ fn check_deterministic<P: Problem>(label: &str, rng: &mut Rng, stream: &Arc<Cuda
     let q = HostQuery::<P::Elem>::random(rng, QKind::Contiguous, p.rows(), p.heads());
     let dev = p.upload(stream);
     let qd = q.upload(stream);
-    let flag = ErrorFlag::new(stream).unwrap();
+    let mut flag = ErrorFlag::new(stream).unwrap();
     let mut out = DevOut::random(rng, stream, p.rows(), p.heads());
     let mut lse = DevLse::random(rng, stream, p.rows(), p.heads());
     let mut plan = p.plan(stream, PlanOptions::default());
@@ -204,11 +204,11 @@ fn check_deterministic<P: Problem>(label: &str, rng: &mut Rng, stream: &Arc<Cuda
         p.decode(
             stream,
             &dev,
-            &plan,
+            &mut plan,
             &qd,
             &mut out,
             Some(&mut lse),
-            Some(&flag),
+            Some(&mut flag),
         )
         .unwrap();
         runs.push(Outputs::read(stream, &out, Some(&lse), &flag));

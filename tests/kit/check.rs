@@ -6,7 +6,7 @@
 use mla_decode::reference::{Attention, Fault};
 use mla_decode::{DType, LATENT_DIM};
 
-use super::host::{Half, Outputs, RowsKind, POISON};
+use super::host::{Half, Outputs, POISON};
 use super::problem::{GatherSetup, GATHER_POISON};
 
 /// Absolute tolerance of lse.
@@ -139,16 +139,15 @@ pub fn check_outputs<T: Half>(label: &str, got: &Outputs<T>, want: &Attention, h
     }
 }
 
-/// Every element outside the out/lse views holds the poison.
+/// Every element outside the out/lse views holds the poison: the gaps of strided layouts
+/// and whatever the buffers hold past the views (preallocated buffers longer than a call).
 pub fn check_gaps<T: Half>(label: &str, got: &Outputs<T>) {
-    if got.out_layout.kind != RowsKind::Contiguous {
-        let covered = got.out_layout.covered();
-        if let Some(i) = (0..got.out.len()).find(|&i| !covered[i] && got.out[i].bits() != POISON) {
-            panic!(
-                "{label}: out element {i} outside the view was overwritten ({:?})",
-                got.out_layout
-            );
-        }
+    let covered = got.out_layout.covered();
+    if let Some(i) = (0..got.out.len()).find(|&i| !covered[i] && got.out[i].bits() != POISON) {
+        panic!(
+            "{label}: out element {i} outside the view was overwritten ({:?})",
+            got.out_layout
+        );
     }
     if let Some((buf, l)) = &got.lse {
         let covered = l.covered();
@@ -229,8 +228,9 @@ pub fn check_flag_is(label: &str, words: [u32; 4], code: u32, row: usize, value:
     );
 }
 
-/// The device slots of a gather equal the reference's exactly, the padding keeps its
-/// poison, and the flag holds one of the reference's faults (or none); returns the faults.
+/// The device slots of a gather equal the reference's exactly, the padding and everything
+/// past the last row keep their poison, and the flag holds one of the reference's faults (or
+/// none); returns the faults.
 pub fn check_gather(label: &str, g: &GatherSetup, got: &[i32], flag: [u32; 4]) -> Vec<Fault> {
     let (want, faults) = g.reference();
     for t in 0..g.tokens {
@@ -254,6 +254,13 @@ pub fn check_gather(label: &str, g: &GatherSetup, got: &[i32], flag: [u32; 4]) -
                 );
             }
         }
+    }
+    let end = (g.tokens - 1) * g.out_stride + g.topk;
+    if let Some(i) = (end..got.len()).find(|&i| got[i] != GATHER_POISON) {
+        panic!(
+            "{label}: out element {i}, past the last row ({} tokens), written",
+            g.tokens
+        );
     }
     check_flag(label, flag, &faults);
     faults

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use mla_decode::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use mla_decode::reference::Attention;
 use mla_decode::{
-    dense_decode, gather_slots, sparse_decode, BlockTable, DecodePlan, ErrorFlag, KvCache, Lse,
-    Output, PlanOptions, Query, SparseIndices, HEAD_DIM,
+    dense_decode, gather_slots, sparse_decode, BlockTable, CacheLayout, DecodePlan, DenseArgs,
+    Element, ErrorFlag, GatherArgs, KvCache, KvFormat, Lse, Output, PlanOptions, Query, SparseArgs,
+    SparseIndices, Strides, TableShape, HEAD_DIM,
 };
 
 use super::check::{check_flag, check_outputs};
@@ -139,21 +140,15 @@ impl<T: Half> DevQuery<T> {
     pub fn view(&self) -> Query<'_, T> {
         let (n, r) = (&self.nope, &self.rope);
         match self.kind {
-            QKind::Contiguous => Query::contiguous(self.bufs[0].as_view(), self.heads),
-            QKind::Strided => Query::strided(
-                self.bufs[0].slice(n.offset..),
-                n.token_stride,
-                n.head_stride,
-            ),
+            QKind::Contiguous => Query::contiguous(&self.bufs[0], self.heads),
+            QKind::Strided => Query::strided(self.bufs[0].slice(n.offset..), n.strides()),
             QKind::SplitShared | QKind::SplitSeparate => {
                 let rope_buf = &self.bufs[self.bufs.len() - 1];
                 Query::split(
                     self.bufs[0].slice(n.offset..),
-                    n.token_stride,
-                    n.head_stride,
+                    n.strides(),
                     rope_buf.slice(r.offset..),
-                    r.token_stride,
-                    r.head_stride,
+                    r.strides(),
                 )
             }
         }
@@ -204,12 +199,8 @@ impl<T: Half> DevOut<T> {
     pub fn view(&mut self) -> Output<'_, T> {
         let l = self.layout;
         match l.kind {
-            RowsKind::Contiguous => Output::contiguous(self.buf.as_view_mut(), l.heads),
-            _ => Output::strided(
-                self.buf.slice_mut(l.offset..),
-                l.token_stride,
-                l.head_stride,
-            ),
+            RowsKind::Contiguous => Output::contiguous(&mut self.buf, l.heads),
+            _ => Output::strided(self.buf.slice_mut(l.offset..), l.strides()),
         }
     }
 
@@ -253,12 +244,8 @@ impl DevLse {
     pub fn view(&mut self) -> Lse<'_> {
         let l = self.layout;
         match l.kind {
-            RowsKind::Contiguous => Lse::contiguous(self.buf.as_view_mut(), l.heads),
-            _ => Lse::strided(
-                self.buf.slice_mut(l.offset..),
-                l.token_stride,
-                l.head_stride,
-            ),
+            RowsKind::Contiguous => Lse::contiguous(&mut self.buf, l.heads),
+            _ => Lse::strided(self.buf.slice_mut(l.offset..), l.strides()),
         }
     }
 
@@ -292,17 +279,13 @@ impl<T: Half> HostCache<T> {
     }
 
     /// The device view of `dev` (an upload of this cache).
-    pub fn view<'a>(&self, dev: &'a CudaSlice<T>) -> KvCache<'a, T> {
+    pub fn view<'a>(&self, dev: &'a CudaSlice<T>) -> KvCache<'a> {
         if self.stride == self.block_size * HEAD_DIM {
             // `KvCache::contiguous` derives num_blocks from the length.
-            KvCache::contiguous(dev.as_view(), self.block_size)
+            KvCache::contiguous(dev, T::DTYPE.kv_format(), self.block_size)
+                .expect("contiguous cache view")
         } else {
-            KvCache::strided(
-                dev.as_view(),
-                self.block_size,
-                self.num_blocks,
-                self.stride_bytes(),
-            )
+            KvCache::new(dev, self.layout())
         }
     }
 }
@@ -323,10 +306,14 @@ pub struct DenseDev<T> {
 impl<T: Half> DenseSetup<T> {
     /// The block-table view of `dev` (an upload of `self.table`).
     pub fn table_view<'a>(&self, dev: &'a CudaSlice<i32>) -> BlockTable<'a> {
+        let shape = TableShape {
+            batch: self.batch,
+            max_blocks_per_seq: self.mbps,
+        };
         if self.table_stride == self.mbps {
-            BlockTable::new(dev.as_view(), self.batch, self.mbps)
+            BlockTable::new(dev, shape)
         } else {
-            BlockTable::strided(dev.as_view(), self.batch, self.mbps, self.table_stride)
+            BlockTable::new(dev, shape).with_row_stride(self.table_stride)
         }
     }
 }
@@ -345,9 +332,9 @@ impl<T: Half> SparseSetup<T> {
     /// The indices view of `dev` (an upload of `self.indices`).
     pub fn indices_view<'a>(&self, dev: &'a CudaSlice<i32>) -> SparseIndices<'a> {
         if self.stride == self.topk {
-            SparseIndices::contiguous(dev.as_view(), self.topk)
+            SparseIndices::contiguous(dev, self.topk)
         } else {
-            SparseIndices::strided(dev.as_view(), self.topk, self.stride)
+            SparseIndices::contiguous(dev, self.topk).with_row_stride(self.stride)
         }
     }
 }
@@ -375,11 +362,11 @@ pub trait Problem {
         &self,
         stream: &Arc<CudaStream>,
         dev: &Self::Dev,
-        plan: &DecodePlan,
+        plan: &mut DecodePlan,
         q: &DevQuery<Self::Elem>,
         out: &mut DevOut<Self::Elem>,
         lse: Option<&mut DevLse>,
-        flag: Option<&ErrorFlag>,
+        flag: Option<&mut ErrorFlag>,
     ) -> mla_decode::Result<()>;
     /// The reference of heads `heads` for `q`.
     fn reference_of(&self, q: &HostQuery<Self::Elem>, heads: &[usize]) -> Attention;
@@ -417,23 +404,26 @@ impl<T: Half> Problem for DenseSetup<T> {
         &self,
         stream: &Arc<CudaStream>,
         dev: &DenseDev<T>,
-        plan: &DecodePlan,
+        plan: &mut DecodePlan,
         q: &DevQuery<T>,
         out: &mut DevOut<T>,
         lse: Option<&mut DevLse>,
-        flag: Option<&ErrorFlag>,
+        flag: Option<&mut ErrorFlag>,
     ) -> mla_decode::Result<()> {
         let mut lse_view = lse.map(|l| l.view());
+        let args = DenseArgs {
+            q: q.view(),
+            kv_cache: self.cache.view(&dev.cache),
+            block_table: self.table_view(&dev.table),
+            seq_lens: &dev.seq_lens,
+            softmax_scale: self.scale,
+        };
         dense_decode(
             stream,
             plan,
-            &q.view(),
-            &self.cache.view(&dev.cache),
-            &self.table_view(&dev.table),
-            &dev.seq_lens.as_view(),
+            &args,
             &mut out.view(),
             lse_view.as_mut(),
-            self.scale,
             flag,
         )
     }
@@ -482,24 +472,26 @@ impl<T: Half> Problem for SparseSetup<T> {
         &self,
         stream: &Arc<CudaStream>,
         dev: &SparseDev<T>,
-        plan: &DecodePlan,
+        plan: &mut DecodePlan,
         q: &DevQuery<T>,
         out: &mut DevOut<T>,
         lse: Option<&mut DevLse>,
-        flag: Option<&ErrorFlag>,
+        flag: Option<&mut ErrorFlag>,
     ) -> mla_decode::Result<()> {
         let mut lse_view = lse.map(|l| l.view());
-        let topk_len = dev.topk_len.as_ref().map(|l| l.as_view());
+        let args = SparseArgs {
+            q: q.view(),
+            kv_cache: self.cache.view(&dev.cache),
+            indices: self.indices_view(&dev.indices),
+            topk_len: dev.topk_len.as_ref().map(|l| l as _),
+            softmax_scale: self.scale,
+        };
         sparse_decode(
             stream,
             plan,
-            &q.view(),
-            &self.cache.view(&dev.cache),
-            &self.indices_view(&dev.indices),
-            topk_len.as_ref(),
+            &args,
             &mut out.view(),
             lse_view.as_mut(),
-            self.scale,
             flag,
         )
     }
@@ -524,16 +516,16 @@ pub fn run_once<P: Problem>(
     let mut out = DevOut::random(rng, stream, p.rows(), p.heads());
     let mut lse =
         lse_kind.map(|k| DevLse::new(stream, Strided::new(rng, k, p.rows(), p.heads(), 1, 1)));
-    let flag = ErrorFlag::new(stream).expect("error flag");
-    let plan = p.plan(stream, options);
+    let mut flag = ErrorFlag::new(stream).expect("error flag");
+    let mut plan = p.plan(stream, options);
     p.decode(
         stream,
         &dev,
-        &plan,
+        &mut plan,
         &qd,
         &mut out,
         lse.as_mut(),
-        Some(&flag),
+        Some(&mut flag),
     )
     .expect("decode");
     Outputs::read(stream, &out, lse.as_ref(), &flag)
@@ -564,31 +556,65 @@ pub fn check_problem<P: Problem>(
     check_outputs(&label, &got, &want, &heads);
 }
 
+/// A device buffer the size of `layout`'s cache, uninitialized: for calls that need a
+/// cache descriptor but read no cache rows (the gather bounds block ids by it).
+pub fn cache_bytes(stream: &Arc<CudaStream>, layout: &CacheLayout) -> CudaSlice<u8> {
+    let bytes = layout.num_blocks * layout.block_stride_bytes;
+    // SAFETY: only the descriptor's geometry is used; nothing reads these bytes.
+    unsafe { stream.alloc::<u8>(bytes.max(1)) }.expect("alloc cache bytes")
+}
+
 /// Runs the gather of `g` on the device into a poisoned `[tokens, out_stride]` buffer;
 /// returns the whole buffer and the flag.
 pub fn run_gather(stream: &Arc<CudaStream>, g: &GatherSetup) -> (Vec<i32>, [u32; 4]) {
-    let positions = stream.clone_htod(&g.positions).unwrap();
-    let req = stream.clone_htod(&g.req_id).unwrap();
+    run_gather_with_tail(stream, g, 0)
+}
+
+/// [`run_gather`] from buffers preallocated `tail` tokens longer than `g.tokens` (the call's
+/// `num_tokens`): positions and req_id hold copies of token 0 there (gathering them would
+/// write the output's tail), the output `tail` more rows of poison.
+pub fn run_gather_with_tail(
+    stream: &Arc<CudaStream>,
+    g: &GatherSetup,
+    tail: usize,
+) -> (Vec<i32>, [u32; 4]) {
+    let mut positions = g.positions.clone();
+    let mut req_id = g.req_id.clone();
+    for _ in 0..tail {
+        positions.extend_from_within(..g.pos_stride);
+        req_id.push(g.req_id[0]);
+    }
+    let positions = stream.clone_htod(&positions).unwrap();
+    let req = stream.clone_htod(&req_id).unwrap();
     let table = stream.clone_htod(&g.table).unwrap();
     let lens = stream.clone_htod(&g.seq_lens).unwrap();
+    let cache = cache_bytes(stream, &g.cache_layout());
     let mut out = stream
-        .clone_htod(&vec![GATHER_POISON; g.out_len()])
+        .clone_htod(&vec![GATHER_POISON; g.out_len() + tail * g.out_stride])
         .unwrap();
-    let flag = ErrorFlag::new(stream).unwrap();
-    gather_slots(
-        stream,
-        &positions.as_view(),
-        g.pos_stride,
-        g.topk,
-        &req.as_view(),
-        &BlockTable::strided(table.as_view(), g.batch, g.mbps, g.table_stride),
-        &lens.as_view(),
-        g.num_blocks,
-        g.block_size,
-        &mut out.as_view_mut(),
-        g.out_stride,
-        Some(&flag),
-    )
-    .unwrap();
+    let mut flag = ErrorFlag::new(stream).unwrap();
+    let args = GatherArgs {
+        positions: &positions,
+        positions_stride: g.pos_stride,
+        req_id: &req,
+        block_table: g.table_view(&table),
+        seq_lens: &lens,
+        kv_cache: KvCache::new(&cache, g.cache_layout()),
+        topk: g.topk,
+        num_tokens: g.tokens,
+        out_stride: g.out_stride,
+    };
+    gather_slots(stream, &args, &mut out, Some(&mut flag)).unwrap();
     (stream.clone_dtoh(&out).unwrap(), flag.read(stream).unwrap())
+}
+
+impl GatherSetup {
+    /// The block-table view of `dev` (an upload of `self.table`).
+    pub fn table_view<'a>(&self, dev: &'a CudaSlice<i32>) -> BlockTable<'a> {
+        let shape = TableShape {
+            batch: self.batch,
+            max_blocks_per_seq: self.mbps,
+        };
+        BlockTable::new(dev, shape).with_row_stride(self.table_stride)
+    }
 }

@@ -7,7 +7,7 @@
 //! before each run, and their gaps must still hold the poison afterwards.
 
 use mla_decode::half::{bf16, f16};
-use mla_decode::{Element, HEAD_DIM, LATENT_DIM, ROPE_DIM};
+use mla_decode::{CacheLayout, Element, Strides, HEAD_DIM, LATENT_DIM, ROPE_DIM};
 
 use super::rng::Rng;
 
@@ -127,6 +127,14 @@ impl Strided {
     /// A random kind (all three equally likely).
     pub fn random_kind(rng: &mut Rng) -> RowsKind {
         rng.pick(&[RowsKind::Contiguous, RowsKind::Padded, RowsKind::HeadMajor])
+    }
+
+    /// Its token and head strides.
+    pub fn strides(&self) -> Strides {
+        Strides {
+            token: self.token_stride,
+            head: self.head_stride,
+        }
     }
 
     /// Element index of `(token, head, 0)`.
@@ -322,6 +330,16 @@ impl<T: Half> HostCache<T> {
     /// Bytes between blocks.
     pub fn stride_bytes(&self) -> usize {
         self.stride * 2
+    }
+
+    /// Its layout, as the cache views describe it.
+    pub fn layout(&self) -> CacheLayout {
+        CacheLayout {
+            format: T::DTYPE.kv_format(),
+            block_size: self.block_size,
+            num_blocks: self.num_blocks,
+            block_stride_bytes: self.stride_bytes(),
+        }
     }
 
     /// Global slots.

@@ -4,7 +4,7 @@
 //! [`super::reference`] computes what they should give.
 
 use mla_decode::reference::{self, Fault, GatherProblem};
-use mla_decode::{DenseShape, SparseShape};
+use mla_decode::{CacheLayout, DenseShape, KvFormat, SparseShape};
 
 use super::host::{repack, Half, HostCache};
 use super::rng::Rng;
@@ -145,6 +145,7 @@ impl<T: Half> DenseSetup<T> {
             num_heads: self.heads,
             block_size: self.cache.block_size,
             max_blocks_per_seq: self.mbps,
+            kv_format: T::DTYPE.kv_format(),
         }
     }
 
@@ -200,6 +201,7 @@ impl<T: Half> SparseSetup<T> {
             num_tokens: self.tokens,
             num_heads: self.heads,
             topk: self.topk,
+            kv_format: T::DTYPE.kv_format(),
         }
     }
 }
@@ -378,6 +380,17 @@ impl GatherSetup {
             block_size: self.block_size,
             num_blocks: self.num_blocks,
         })
+    }
+
+    /// The layout of the cache the slots are for (bf16, unpadded blocks: the gather reads
+    /// only its geometry).
+    pub fn cache_layout(&self) -> CacheLayout {
+        CacheLayout {
+            format: KvFormat::Bf16,
+            block_size: self.block_size,
+            num_blocks: self.num_blocks,
+            block_stride_bytes: self.block_size * KvFormat::Bf16.row_bytes(),
+        }
     }
 
     /// Elements of the output buffer (a few past the last row, which must keep the poison).

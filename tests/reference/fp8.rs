@@ -13,13 +13,13 @@ proptest! {
     /// fp8_ds_mla with FlashMLA's power-of-two scales: error within e4m3's bound, scales as ruled.
     #[test]
     fn fp8_round_trip_power_of_two(seed in any::<u64>(), exps in prop::array::uniform4(-24i32..12)) {
-        check_fp8_round_trip(seed, exps, ScaleRule::PowerOfTwo);
+        check_fp8_round_trip(seed, exps, ScaleRule::Pow2);
     }
 
     /// fp8_ds_mla with vLLM's exact amax/448 scales: error within e4m3's bound.
     #[test]
     fn fp8_round_trip_exact(seed in any::<u64>(), exps in prop::array::uniform4(-24i32..12)) {
-        check_fp8_round_trip(seed, exps, ScaleRule::Exact);
+        check_fp8_round_trip(seed, exps, ScaleRule::Raw);
     }
 
     /// bf16 rounding equals half's (correct for f32 inputs) and never double-rounds f64 inputs.
@@ -67,7 +67,7 @@ fn check_fp8_round_trip(seed: u64, exps: [i32; 4], rule: ScaleRule) {
             let amax = tile.iter().fold(0.0f64, |m, x| m.max(x.abs()));
             let scale = scales[i] as f64;
             match rule {
-                ScaleRule::PowerOfTwo => {
+                ScaleRule::Pow2 => {
                     assert!(scale >= 1e-4 && scale == 2f64.powi(scale.log2().round() as i32));
                     let r = amax / scale; // in (224, 448] up to f32 rounding, unless floored
                     assert!(r <= 448.0 * (1.0 + 1e-6), "tile {i}: amax/scale {r}");
@@ -76,7 +76,7 @@ fn check_fp8_round_trip(seed: u64, exps: [i32; 4], rule: ScaleRule) {
                         "tile {i}: {r}"
                     );
                 }
-                ScaleRule::Exact => {
+                ScaleRule::Raw => {
                     assert_eq!(scales[i], (amax as f32 / 448.0).max(f32::MIN_POSITIVE))
                 }
             }

@@ -1,6 +1,6 @@
 //! The host checks of `append_kv` and `gather_slots`.
 
-use mla_decode::{validate, HEAD_DIM};
+use mla_decode::{validate, ScaleRule, HEAD_DIM, MAX_GATHER_TOKENS};
 
 use super::{append, expect, gather};
 
@@ -17,11 +17,29 @@ fn append_errors() {
     let mut c = append();
     c.kv_token_stride = HEAD_DIM + 4;
     c.kv.bytes *= 2;
-    expect(validate::append(&c), "kv", "aligned");
+    expect(validate::append(&c), "kv_token_stride", "16 bytes");
 
     let mut c = append();
     c.kv_token_stride = 512;
-    expect(validate::append(&c), "kv", "token stride 512");
+    expect(validate::append(&c), "kv_token_stride", "512");
+
+    // kv and slot_mapping must hold num_tokens rows; longer is fine (preallocated).
+    let mut c = append();
+    c.slot_mapping.bytes = 4 * 8;
+    expect(validate::append(&c), "slot_mapping", "needs");
+    let mut c = append();
+    c.num_tokens = 3;
+    assert_eq!(validate::append(&c), Ok(()));
+    let mut c = append();
+    c.num_tokens = 1 << 31;
+    c.kv.bytes = usize::MAX;
+    c.slot_mapping.bytes = usize::MAX;
+    expect(validate::append(&c), "num_tokens", "");
+
+    // An f16/bf16 cache has no scales to pick.
+    let mut c = append();
+    c.scale_rule = Some(ScaleRule::Pow2);
+    expect(validate::append(&c), "scale_rule", "");
 
     let mut c = append();
     c.slot_mapping.device = 1;
@@ -29,7 +47,7 @@ fn append_errors() {
 
     let mut c = append();
     c.kv_cache.block_size = 8;
-    expect(validate::append(&c), "block_size", "");
+    expect(validate::append(&c), "kv_cache", "block_size 8");
 
     let mut c = append();
     c.kv_cache.buf.bytes = 100;
@@ -37,6 +55,7 @@ fn append_errors() {
 
     // Nothing to append is fine, whatever kv holds.
     let mut c = append();
+    c.num_tokens = 0;
     c.slot_mapping.bytes = 0;
     c.kv.bytes = 0;
     assert_eq!(validate::append(&c), Ok(()));
@@ -54,13 +73,21 @@ fn gather_errors() {
     c.out_stride = 5000;
     expect(validate::gather(&c), "topk", "5000");
 
+    // req_id must hold num_tokens ids; no tokens is a valid no-op; too many are refused.
     let mut c = gather();
+    c.req_id.bytes = 2 * 4;
+    expect(validate::gather(&c), "req_id", "needs");
+    let mut c = gather();
+    c.num_tokens = 0;
     c.req_id.bytes = 0;
-    expect(validate::gather(&c), "req_id", "0 tokens");
+    assert_eq!(validate::gather(&c), Ok(()));
+    let mut c = gather();
+    c.num_tokens = MAX_GATHER_TOKENS + 1;
+    expect(validate::gather(&c), "num_tokens", "65535");
 
     let mut c = gather();
     c.positions_stride = 1000;
-    expect(validate::gather(&c), "positions", "stride 1000");
+    expect(validate::gather(&c), "positions_stride", "1000");
 
     let mut c = gather();
     c.positions.bytes -= 4;
@@ -72,7 +99,7 @@ fn gather_errors() {
 
     let mut c = gather();
     c.out_stride = 10;
-    expect(validate::gather(&c), "out", "stride 10");
+    expect(validate::gather(&c), "out_stride", "10");
 
     let mut c = gather();
     c.seq_lens.bytes = 4;
@@ -83,16 +110,22 @@ fn gather_errors() {
     expect(validate::gather(&c), "block_table", "stride");
 
     let mut c = gather();
-    c.block_size = 100;
-    expect(validate::gather(&c), "block_size", "100");
+    c.kv_cache.block_size = 100;
+    expect(validate::gather(&c), "kv_cache", "100");
 
     let mut c = gather();
-    c.num_blocks = (1 << 31) / 64 + 1;
-    expect(validate::gather(&c), "num_blocks", "");
+    c.kv_cache.num_blocks = (1 << 31) / 64 + 1;
+    c.kv_cache.buf.bytes = usize::MAX;
+    expect(validate::gather(&c), "kv_cache", "");
 
     let mut c = gather();
-    c.num_blocks = 0;
-    expect(validate::gather(&c), "num_blocks", "");
+    c.kv_cache.num_blocks = 0;
+    expect(validate::gather(&c), "kv_cache", "");
+
+    // The cache descriptor is checked whole: its buffer must hold its blocks.
+    let mut c = gather();
+    c.kv_cache.buf.bytes -= 16;
+    expect(validate::gather(&c), "kv_cache", "");
 
     let mut c = gather();
     c.req_id.device = 1;

@@ -52,6 +52,7 @@ fn fault_codes_and_flag_words() {
         (4, FaultCode::BadSlotId),
         (5, FaultCode::BadReqId),
         (6, FaultCode::BadAppendSlot),
+        (7, FaultCode::BadTopkLen),
         (42, FaultCode::Unknown(42)),
     ];
     for (n, code) in codes {
@@ -69,6 +70,23 @@ fn fault_codes_and_flag_words() {
         }
     );
     assert!(fault.to_string().contains("block-table entry"));
+    // Words 2 and 3 are the value's low and high halves.
+    assert_eq!(
+        ErrorFlag::interpret([6, 2, 5, 2]),
+        Err(Error::DeviceFault {
+            code: FaultCode::BadAppendSlot,
+            row: 2,
+            value: (1 << 33) + 5
+        })
+    );
+    assert_eq!(
+        ErrorFlag::interpret([2, 0, (-3i32) as u32, u32::MAX]),
+        Err(Error::DeviceFault {
+            code: FaultCode::NegativeSeqLen,
+            row: 0,
+            value: -3
+        })
+    );
 }
 
 #[test]
@@ -89,11 +107,13 @@ fn status_mapping() {
             code: 700
         })
     );
-    expect(
+    assert!(matches!(
         status_to_result("mla_sparse_decode", 1),
-        "mla_sparse_decode",
-        "C layer",
-    );
+        Err(Error::Rejected {
+            call: "mla_sparse_decode",
+            ..
+        })
+    ));
     assert!(matches!(
         status_to_result("mla_sparse_decode", 2),
         Err(Error::Unsupported(_))
@@ -108,6 +128,9 @@ fn formats_and_dims() {
     assert_eq!(KvFormat::Bf16.row_bytes(), 1152);
     assert_eq!(KvFormat::Fp8DsMla.row_bytes(), 656);
     assert_eq!(KvFormat::Fp8DsMla.name(), "fp8_ds_mla");
+    assert_eq!(KvFormat::Fp8PerTensor.row_bytes(), 576);
+    assert!(KvFormat::Fp8PerTensor.needs_tensor_scale());
+    assert_eq!(KvFormat::Bf16.dtype(), Some(DType::Bf16));
     assert_eq!(HEAD_DIM, LATENT_DIM + ROPE_DIM);
     assert_eq!(DType::F16.kv_format(), KvFormat::F16);
 }

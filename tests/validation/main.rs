@@ -5,7 +5,10 @@ use mla_decode::validate::{
     self, AppendCall, Buf, CacheDesc, DenseCall, GatherCall, IndicesDesc, PlanDesc, QueryDesc,
     Rows, SparseCall, TableDesc,
 };
-use mla_decode::{DType, DenseShape, Error, PlanKind, SparseShape, HEAD_DIM, LATENT_DIM, ROPE_DIM};
+use mla_decode::{
+    DType, DenseShape, Error, KvFormat, PlanKind, SparseShape, HEAD_DIM, LATENT_DIM,
+    MAX_GATHER_TOKENS, ROPE_DIM,
+};
 
 mod cache_ops;
 mod library;
@@ -35,9 +38,11 @@ fn rows(n: u64, tokens: usize, width: usize, elem: usize) -> Rows {
 fn cache() -> CacheDesc {
     CacheDesc {
         buf: buf(2, 10 * 64 * 1152),
+        format: KvFormat::Bf16,
         num_blocks: 10,
         block_size: 64,
         block_stride_bytes: 64 * 1152,
+        scale: None,
     }
 }
 
@@ -48,6 +53,7 @@ fn dense_shape() -> DenseShape {
         num_heads: HEADS,
         block_size: 64,
         max_blocks_per_seq: 4,
+        kv_format: KvFormat::Bf16,
     }
 }
 
@@ -56,6 +62,7 @@ fn sparse_shape() -> SparseShape {
         num_tokens: 3,
         num_heads: HEADS,
         topk: 2048,
+        kv_format: KvFormat::F16,
     }
 }
 
@@ -97,7 +104,10 @@ fn sparse() -> SparseCall {
             nope: rows(1, 3, LATENT_DIM, 2),
             rope: rows(7, 3, ROPE_DIM, 2),
         },
-        kv_cache: cache(),
+        kv_cache: CacheDesc {
+            format: KvFormat::F16,
+            ..cache()
+        },
         indices: IndicesDesc {
             buf: buf(3, 3 * 2048 * 4),
             topk: 2048,
@@ -119,6 +129,8 @@ fn append() -> AppendCall {
         kv: buf(1, 5 * HEAD_DIM * 2),
         kv_token_stride: HEAD_DIM,
         slot_mapping: buf(3, 5 * 8),
+        num_tokens: 5,
+        scale_rule: None,
         kv_cache: cache(),
         error_flag: Some(buf(6, 16)),
     }
@@ -139,8 +151,12 @@ fn gather() -> GatherCall {
             stride: 32,
         },
         seq_lens: buf(4, 2 * 4),
-        num_blocks: 64,
-        block_size: 64,
+        kv_cache: CacheDesc {
+            num_blocks: 64,
+            buf: buf(6, 64 * 64 * 1152),
+            ..cache()
+        },
+        num_tokens: 3,
         out: buf(5, 3 * 2048 * 4),
         out_stride: 2048,
         error_flag: None,
@@ -327,12 +343,12 @@ fn query_errors() {
     if let QueryDesc::Split { rope, .. } = &mut c.q {
         rope.buf.bytes = 3 * HEADS * ROPE_DIM * 2 - 2;
     }
-    expect(validate::sparse(&c), "q_rope", "needs");
+    expect(validate::sparse(&c), "q", "q_rope: ");
     let mut c = sparse();
     if let QueryDesc::Split { nope, .. } = &mut c.q {
         nope.buf.addr += 2;
     }
-    expect(validate::sparse(&c), "q_nope", "aligned");
+    expect(validate::sparse(&c), "q", "q_nope: ");
 }
 
 #[test]
@@ -382,7 +398,7 @@ fn output_and_lse_errors() {
 fn cache_errors() {
     let mut c = dense();
     c.kv_cache.block_size = 24;
-    expect(validate::dense(&c), "block_size", "24");
+    expect(validate::dense(&c), "kv_cache", "block_size 24");
 
     let mut c = dense();
     c.kv_cache.block_stride_bytes = 64 * 1152 - 16;
@@ -458,16 +474,40 @@ fn plan_errors() {
 
     let mut c = dense();
     c.block_table.batch = 1;
-    expect(validate::dense(&c), "plan", "batch 2");
+    expect(
+        validate::dense(&c),
+        "block_table",
+        "has batch 1, the plan was made for 2",
+    );
 
     let mut c = dense();
     c.block_table.max_blocks_per_seq = 3;
-    expect(validate::dense(&c), "plan", "max_blocks_per_seq 4");
+    expect(
+        validate::dense(&c),
+        "block_table",
+        "max_blocks_per_seq 3, the plan was made for 4",
+    );
 
     let mut c = dense();
     c.kv_cache.block_size = 32;
     c.kv_cache.block_stride_bytes = 32 * 1152;
-    expect(validate::dense(&c), "plan", "block_size 64");
+    expect(
+        validate::dense(&c),
+        "kv_cache",
+        "block_size 32, the plan was made for 64",
+    );
+
+    // The cache's format must be the plan's, and an f16/bf16 cache the query's dtype.
+    let mut c = dense();
+    c.kv_cache.format = KvFormat::F16;
+    expect(validate::dense(&c), "kv_cache", "");
+    let mut c = dense();
+    c.dtype = DType::F16;
+    c.plan.kind = PlanKind::Dense(DenseShape {
+        kv_format: KvFormat::F16,
+        ..dense_shape()
+    });
+    expect(validate::dense(&c), "kv_cache", "");
 
     let mut c = sparse();
     c.plan.kind = PlanKind::Dense(dense_shape());
@@ -475,7 +515,11 @@ fn plan_errors() {
 
     let mut c = sparse();
     c.indices.topk = 1024;
-    expect(validate::sparse(&c), "plan", "topk 2048");
+    expect(
+        validate::sparse(&c),
+        "indices",
+        "topk 1024, the plan was made for 2048",
+    );
 }
 
 #[test]
@@ -606,6 +650,7 @@ fn int32_tile_and_grid_limits() {
     );
 
     let mut c = gather();
-    c.req_id.bytes = 4 * (validate::MAX_GATHER_TOKENS + 1);
-    expect(validate::gather(&c), "req_id", "65535");
+    c.num_tokens = MAX_GATHER_TOKENS + 1;
+    c.req_id.bytes = 4 * (MAX_GATHER_TOKENS + 1);
+    expect(validate::gather(&c), "num_tokens", "65535");
 }

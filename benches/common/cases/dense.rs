@@ -4,7 +4,10 @@ use std::sync::Arc;
 
 use mla_decode::cudarc::driver::{CudaSlice, CudaStream};
 use mla_decode::reference::{self, DenseProblem};
-use mla_decode::{dense_decode, BlockTable, DecodePlan, DenseShape, Element, KvCache, PlanOptions};
+use mla_decode::{
+    dense_decode, BlockTable, DecodePlan, DenseArgs, DenseShape, Element, KvCache, PlanOptions,
+    TableShape,
+};
 
 use super::super::check::{self, RefRow};
 use super::super::rng::Rng;
@@ -207,31 +210,32 @@ impl<T: Element> DecodeKind<T> for DenseKind {
             num_heads: self.setup.heads,
             block_size: self.setup.block_size,
             max_blocks_per_seq: self.max_blocks,
+            kv_format: T::DTYPE.kv_format(),
         };
         DecodePlan::dense(stream, shape, options)
     }
 
     fn launch(
         &self,
-        stream: &CudaStream,
-        plan: &DecodePlan,
-        kv: &KvCache<'_, T>,
+        stream: &Arc<CudaStream>,
+        plan: &mut DecodePlan,
+        kv: KvCache<'_>,
         io: &mut Io<T>,
     ) -> mla_decode::Result<()> {
         let s = &self.setup;
         let (q, mut out, mut lse, flag) = io.views();
-        dense_decode(
-            stream,
-            plan,
-            &q,
-            kv,
-            &BlockTable::new(self.table.as_view(), s.batch, self.max_blocks),
-            &self.seq_lens.as_view(),
-            &mut out,
-            Some(&mut lse),
-            s.softmax_scale,
-            Some(flag),
-        )
+        let table = TableShape {
+            batch: s.batch,
+            max_blocks_per_seq: self.max_blocks,
+        };
+        let args = DenseArgs {
+            q,
+            kv_cache: kv,
+            block_table: BlockTable::new(&self.table, table),
+            seq_lens: &self.seq_lens,
+            softmax_scale: s.softmax_scale,
+        };
+        dense_decode(stream, plan, &args, &mut out, Some(&mut lse), Some(flag))
     }
 
     fn reference(&self, cache: &Cache<T>, rows: &[f64], io: &Io<T>) -> Vec<RefRow> {

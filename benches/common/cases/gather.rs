@@ -4,9 +4,13 @@ use std::sync::Arc;
 
 use mla_decode::cudarc::driver::{CudaSlice, CudaStream};
 use mla_decode::reference::{self, GatherProblem};
-use mla_decode::{ffi, gather_slots, BlockTable, ErrorFlag, PlanOptions};
+use mla_decode::{
+    ffi, gather_slots, BlockTable, CacheLayout, ErrorFlag, GatherArgs, KvCache, KvFormat,
+    PlanOptions, TableShape,
+};
 
 use super::super::check::{self, Accuracy};
+use super::super::kit::cache_bytes;
 use super::super::rng::Rng;
 use super::super::spec::{CaseSpec, GatherSpec};
 use super::super::Res;
@@ -27,11 +31,25 @@ pub struct GatherInputs {
     pub block_size: usize,
 }
 
+impl GatherInputs {
+    /// The cache the slot ids are for: bf16, unpadded blocks.
+    pub fn cache_layout(&self) -> CacheLayout {
+        CacheLayout {
+            format: KvFormat::Bf16,
+            block_size: self.block_size,
+            num_blocks: self.num_blocks,
+            block_stride_bytes: self.block_size * KvFormat::Bf16.row_bytes(),
+        }
+    }
+}
+
 /// The index gather alone: request-logical positions to global slot ids.
 ///
-/// It has no KV cache and rotates nothing: its runs keep the memset flush in either
+/// It reads no KV cache and rotates nothing: its runs keep the memset flush in either
 /// `--flush` mode (its inputs, a few MB of positions and tables, would need some hundred
-/// copies to span 4× L2).
+/// copies to span 4× L2). `gather_slots` takes the cache's descriptor, which must describe
+/// a buffer of the cache's size: the case allocates one, uninitialized and never read
+/// (9.7 GB for the default `gather:t=128,k=2048`, one 65,536-row request per token).
 pub struct GatherCase {
     meta: Meta,
     host: GatherInputs,
@@ -39,6 +57,8 @@ pub struct GatherCase {
     req_id: CudaSlice<i32>,
     table: CudaSlice<i32>,
     seq_lens: CudaSlice<i32>,
+    /// The cache's bytes (uninitialized: the gather reads only the descriptor).
+    cache: CudaSlice<u8>,
     out: CudaSlice<i32>,
     flag: ErrorFlag,
 }
@@ -93,6 +113,7 @@ impl GatherCase {
             req_id: stream.clone_htod(&host.req_id)?,
             table: stream.clone_htod(&host.block_table)?,
             seq_lens: stream.clone_htod(&host.seq_lens)?,
+            cache: cache_bytes(stream, &host.cache_layout()),
             out: stream.alloc_zeros::<i32>(tokens * host.topk)?,
             flag: ErrorFlag::new(stream)?,
             host,
@@ -118,25 +139,27 @@ impl Workload for GatherCase {
         None
     }
 
-    fn step(&mut self, stream: &CudaStream) -> mla_decode::Result<()> {
+    fn step(&mut self, stream: &Arc<CudaStream>) -> mla_decode::Result<()> {
         let h = &self.host;
-        gather_slots(
-            stream,
-            &self.positions.as_view(),
-            h.topk,
-            h.topk,
-            &self.req_id.as_view(),
-            &BlockTable::new(self.table.as_view(), h.seq_lens.len(), h.max_blocks),
-            &self.seq_lens.as_view(),
-            h.num_blocks,
-            h.block_size,
-            &mut self.out.as_view_mut(),
-            h.topk,
-            Some(&self.flag),
-        )
+        let table = TableShape {
+            batch: h.seq_lens.len(),
+            max_blocks_per_seq: h.max_blocks,
+        };
+        let args = GatherArgs {
+            positions: &self.positions,
+            positions_stride: h.topk,
+            req_id: &self.req_id,
+            block_table: BlockTable::new(&self.table, table),
+            seq_lens: &self.seq_lens,
+            kv_cache: KvCache::new(&self.cache, h.cache_layout()),
+            topk: h.topk,
+            num_tokens: h.req_id.len(),
+            out_stride: h.topk,
+        };
+        gather_slots(stream, &args, &mut self.out, Some(&mut self.flag))
     }
 
-    fn check_flag(&self, stream: &CudaStream) -> Res<()> {
+    fn check_flag(&self, stream: &Arc<CudaStream>) -> Res<()> {
         Ok(self.flag.check(stream)?)
     }
 

@@ -106,7 +106,7 @@ pub trait Workload {
     /// The current plan's launch decisions.
     fn schedule(&self) -> Option<ffi::mla_schedule_t>;
     /// One timed step; allocates nothing and does not synchronize (graph-capturable).
-    fn step(&mut self, stream: &CudaStream) -> mla_decode::Result<()>;
+    fn step(&mut self, stream: &Arc<CudaStream>) -> mla_decode::Result<()>;
     /// The KV cache's bytes; None for the gather, which has none.
     fn cache_bytes(&self) -> Option<CacheBytes> {
         None
@@ -121,7 +121,7 @@ pub trait Workload {
     /// The next steps read copy `i % copies` of the cache.
     fn select_copy(&mut self, _i: usize) {}
     /// Synchronizes; fails if a kernel recorded a fault in the case's error flag.
-    fn check_flag(&self, stream: &CudaStream) -> Res<()>;
+    fn check_flag(&self, stream: &Arc<CudaStream>) -> Res<()>;
     /// Compares the last step's output with the reference (computed on first use).
     fn check(&mut self, stream: &Arc<CudaStream>) -> Res<Accuracy>;
 }
@@ -174,8 +174,8 @@ impl<T: Element> Cache<T> {
         })
     }
 
-    pub fn view(&self) -> KvCache<'_, T> {
-        KvCache::contiguous(self.data.as_view(), self.block_size)
+    pub fn view(&self) -> mla_decode::Result<KvCache<'_>> {
+        KvCache::contiguous(&self.data, T::DTYPE.kv_format(), self.block_size)
     }
 
     /// The chunk in f64: the reference's cache, in which device slot `s` is row
@@ -259,10 +259,14 @@ impl<T: Element> Rotated<T> {
         self.current = i % (self.extra.len() + 1);
     }
 
-    fn view(&self) -> KvCache<'_, T> {
+    fn view(&self) -> mla_decode::Result<KvCache<'_>> {
         match self.current {
             0 => self.cache.view(),
-            c => KvCache::contiguous(self.extra[c - 1].as_view(), self.cache.block_size),
+            c => KvCache::contiguous(
+                &self.extra[c - 1],
+                T::DTYPE.kv_format(),
+                self.cache.block_size,
+            ),
         }
     }
 }
@@ -310,12 +314,12 @@ impl<T: Element> Io<T> {
     }
 
     /// The views a decode call takes: q, out, lse (all contiguous), the flag.
-    fn views(&mut self) -> (Query<'_, T>, Output<'_, T>, Lse<'_>, &ErrorFlag) {
+    fn views(&mut self) -> (Query<'_, T>, Output<'_, T>, Lse<'_>, &mut ErrorFlag) {
         (
-            Query::contiguous(self.q.as_view(), self.heads),
-            Output::contiguous(self.out.as_view_mut(), self.heads),
-            Lse::contiguous(self.lse.as_view_mut(), self.heads),
-            &self.flag,
+            Query::contiguous(&self.q, self.heads),
+            Output::contiguous(&mut self.out, self.heads),
+            Lse::contiguous(&mut self.lse, self.heads),
+            &mut self.flag,
         )
     }
 
@@ -337,9 +341,9 @@ pub trait DecodeKind<T: Element> {
     /// One decode call over `kv`.
     fn launch(
         &self,
-        stream: &CudaStream,
-        plan: &DecodePlan,
-        kv: &KvCache<'_, T>,
+        stream: &Arc<CudaStream>,
+        plan: &mut DecodePlan,
+        kv: KvCache<'_>,
         io: &mut Io<T>,
     ) -> mla_decode::Result<()>;
     /// The sampled reference rows (the chunk `rows` in f64 is the reference's cache).
@@ -386,10 +390,10 @@ impl<T: Element, K: DecodeKind<T>> Workload for DecodeCase<T, K> {
         self.plan.as_ref().map(|p| *p.schedule())
     }
 
-    fn step(&mut self, stream: &CudaStream) -> mla_decode::Result<()> {
-        let plan = self.plan.as_ref().ok_or_else(no_plan)?;
+    fn step(&mut self, stream: &Arc<CudaStream>) -> mla_decode::Result<()> {
+        let plan = self.plan.as_mut().ok_or_else(no_plan)?;
         self.kind
-            .launch(stream, plan, &self.kv.view(), &mut self.io)
+            .launch(stream, plan, self.kv.view()?, &mut self.io)
     }
 
     fn cache_bytes(&self) -> Option<CacheBytes> {
@@ -405,7 +409,7 @@ impl<T: Element, K: DecodeKind<T>> Workload for DecodeCase<T, K> {
         self.kv.select(i);
     }
 
-    fn check_flag(&self, stream: &CudaStream) -> Res<()> {
+    fn check_flag(&self, stream: &Arc<CudaStream>) -> Res<()> {
         Ok(self.io.flag.check(stream)?)
     }
 

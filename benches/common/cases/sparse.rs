@@ -6,7 +6,8 @@ use std::sync::Arc;
 use mla_decode::cudarc::driver::{CudaSlice, CudaStream};
 use mla_decode::reference::{self, SparseProblem};
 use mla_decode::{
-    sparse_decode, DecodePlan, Element, KvCache, PlanOptions, SparseIndices, SparseShape,
+    sparse_decode, DecodePlan, Element, KvCache, PlanOptions, SparseArgs, SparseIndices,
+    SparseShape,
 };
 
 use super::super::check::{self, RefRow};
@@ -203,32 +204,28 @@ impl<T: Element> DecodeKind<T> for SparseKind {
             num_tokens: self.setup.tokens,
             num_heads: self.setup.heads,
             topk: self.setup.topk,
+            kv_format: T::DTYPE.kv_format(),
         };
         DecodePlan::sparse(stream, shape, options)
     }
 
     fn launch(
         &self,
-        stream: &CudaStream,
-        plan: &DecodePlan,
-        kv: &KvCache<'_, T>,
+        stream: &Arc<CudaStream>,
+        plan: &mut DecodePlan,
+        kv: KvCache<'_>,
         io: &mut Io<T>,
     ) -> mla_decode::Result<()> {
         let s = &self.setup;
         let (q, mut out, mut lse, flag) = io.views();
-        let topk_len = self.topk_len.as_ref().map(|l| l.as_view());
-        sparse_decode(
-            stream,
-            plan,
-            &q,
-            kv,
-            &SparseIndices::contiguous(self.indices.as_view(), s.topk),
-            topk_len.as_ref(),
-            &mut out,
-            Some(&mut lse),
-            s.softmax_scale,
-            Some(flag),
-        )
+        let args = SparseArgs {
+            q,
+            kv_cache: kv,
+            indices: SparseIndices::contiguous(&self.indices, s.topk),
+            topk_len: self.topk_len.as_ref().map(|l| l as _),
+            softmax_scale: s.softmax_scale,
+        };
+        sparse_decode(stream, plan, &args, &mut out, Some(&mut lse), Some(flag))
     }
 
     fn reference(&self, cache: &Cache<T>, rows: &[f64], io: &Io<T>) -> Vec<RefRow> {
