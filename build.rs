@@ -69,7 +69,8 @@ fn generate_bindings(out_dir: &Path) {
         .default_enum_style(bindgen::EnumVariation::Rust {
             non_exhaustive: false,
         })
-        // statuses are 1000 + cudaError_t: not a closed set, so not a Rust enum
+        // a status comes back from C: a library newer than these bindings may return a value
+        // they do not know, which a Rust enum could not hold without undefined behaviour
         .newtype_enum("mla_status_t")
         .derive_default(true)
         .derive_debug(true)

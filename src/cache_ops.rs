@@ -95,16 +95,24 @@ pub fn append_kv<T: Element>(
     // here); the guards keep them borrowed until after the launch.
     let status = unsafe {
         ffi::mla_append_kv(
-            kv.addr as *const c_void,
-            args.kv_token_stride as i64,
-            args.num_tokens as i32,
-            slots.addr as *const i64,
-            cache.addr as *mut c_void,
-            cache.desc.block_stride_bytes as i64,
-            cache.desc.num_blocks as i32,
-            cache.desc.block_size as i32,
-            T::DTYPE.to_ffi(),
-            flag as *mut u32,
+            &ffi::mla_append_params_t {
+                kv: kv.addr as *const c_void,
+                kv_token_stride: args.kv_token_stride as i64,
+                dtype: T::DTYPE.to_ffi(),
+                num_tokens: args.num_tokens as i32,
+                slot_mapping: slots.addr as *const i64,
+                kv_cache: cache.addr as *mut c_void,
+                kv_format: cache.desc.format.to_ffi(),
+                kv_scale: cache.scale_addr as *const f32,
+                scale_rule: match args.scale_rule {
+                    Some(ScaleRule::Pow2) => ffi::mla_scale_rule_t::MLA_SCALE_POW2,
+                    _ => ffi::mla_scale_rule_t::MLA_SCALE_RAW,
+                },
+                block_stride_bytes: cache.desc.block_stride_bytes as i64,
+                num_blocks: cache.desc.num_blocks as i32,
+                block_size: cache.desc.block_size as i32,
+                error_flag: flag as *mut u32,
+            },
             stream.cu_stream() as *mut c_void,
         )
     };
@@ -226,21 +234,23 @@ pub fn gather_slots(
     // SAFETY: as in append_kv.
     let status = unsafe {
         ffi::mla_gather_slots(
-            pos.addr as *const i32,
-            args.positions_stride as i32,
-            args.num_tokens as i32,
-            args.topk as i32,
-            req.addr as *const i32,
-            bt.addr as *const i32,
-            table.stride as i32,
-            table.max_blocks_per_seq as i32,
-            lens.addr as *const i32,
-            table.batch as i32,
-            cache.desc.block_size as i32,
-            cache.desc.num_blocks as i32,
-            o.addr as *mut i32,
-            args.out_stride as i32,
-            flag as *mut u32,
+            &ffi::mla_gather_params_t {
+                num_tokens: args.num_tokens as i32,
+                topk: args.topk as i32,
+                positions: pos.addr as *const i32,
+                positions_stride: args.positions_stride as i64,
+                req_id: req.addr as *const i32,
+                batch: table.batch as i32,
+                block_table: bt.addr as *const i32,
+                max_blocks_per_seq: table.max_blocks_per_seq as i32,
+                block_table_stride: table.stride as i64,
+                seq_lens: lens.addr as *const i32,
+                num_blocks: cache.desc.num_blocks as i32,
+                block_size: cache.desc.block_size as i32,
+                out_slots: o.addr as *mut i32,
+                out_stride: args.out_stride as i64,
+                error_flag: flag as *mut u32,
+            },
             stream.cu_stream() as *mut c_void,
         )
     };

@@ -97,9 +97,10 @@ impl<'s> Common<'s> {
 /// A `mla_dense_params_t` / `mla_sparse_params_t`: the fields both share (same names),
 /// filled from the bound [`Common`] arguments, then the call's own fields.
 macro_rules! decode_params {
-    ($ty:ident, $c:ident, $t:ident, $scale:expr, { $($field:ident: $value:expr),* $(,)? }) => {{
+    ($ty:ident, $c:ident, $t:ident, $scale:expr, $heads:expr, { $($field:ident: $value:expr),* $(,)? }) => {{
         let (lse_ptr, lse_ts, lse_hs) = $c.lse();
         ffi::$ty {
+            num_heads: $heads as i32,
             q_nope: $c.q.nope.0 as *const c_void,
             q_rope: $c.q.rope.0 as *const c_void,
             q_nope_token_stride: $c.q.nope.1.token as i64,
@@ -107,6 +108,8 @@ macro_rules! decode_params {
             q_rope_token_stride: $c.q.rope.1.token as i64,
             q_rope_head_stride: $c.q.rope.1.head as i64,
             kv_cache: $c.kv.addr as *const c_void,
+            kv_format: $c.kv.desc.format.to_ffi(),
+            kv_scale: $c.kv.scale_addr as *const f32,
             block_stride_bytes: $c.kv.desc.block_stride_bytes as i64,
             num_blocks: $c.kv.desc.num_blocks as i32,
             block_size: $c.kv.desc.block_size as i32,
@@ -202,10 +205,12 @@ pub fn dense_decode<T: Element>(
         softmax_scale: args.softmax_scale,
         error_flag: c.flag.1,
     })?;
-    let params = decode_params!(mla_dense_params_t, c, T, args.softmax_scale, {
+    let params = decode_params!(mla_dense_params_t, c, T, args.softmax_scale, plan_desc.kind.num_heads(), {
+        batch: table.batch as i32,
+        q_len: plan_desc.kind.q_len() as i32,
         block_table: bt.addr as *const i32,
         max_blocks_per_seq: table.max_blocks_per_seq as i32,
-        block_table_stride: table.stride as i32,
+        block_table_stride: table.stride as i64,
         seq_lens: lens.addr as *const i32,
     });
     stream.context().bind_to_thread()?;
@@ -281,10 +286,11 @@ pub fn sparse_decode<T: Element>(
         softmax_scale: args.softmax_scale,
         error_flag: c.flag.1,
     })?;
-    let params = decode_params!(mla_sparse_params_t, c, T, args.softmax_scale, {
+    let params = decode_params!(mla_sparse_params_t, c, T, args.softmax_scale, plan_desc.kind.num_heads(), {
+        num_tokens: plan_desc.kind.num_tokens() as i32,
         indices: ix.addr as *const i32,
         topk: ix_desc.topk as i32,
-        indices_stride: ix_desc.stride as i32,
+        indices_stride: ix_desc.stride as i64,
         topk_len: buffer::addr_of(&topk_len) as *const i32,
     });
     stream.context().bind_to_thread()?;

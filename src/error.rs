@@ -40,7 +40,7 @@ pub enum Error {
     Cuda {
         /// The C ABI function that reported it.
         call: &'static str,
-        /// The `cudaError_t` (the status minus 1000).
+        /// The `cudaError_t` (`mla_last_cuda_error()`).
         code: i32,
     },
     /// A CUDA driver call made through cudarc failed.
@@ -106,33 +106,43 @@ impl From<DriverError> for Error {
     }
 }
 
-/// Maps a raw `mla_status_t` value returned by C ABI function `call` to a `Result`.
-///
-/// `0` is success; values `>= 1000` are `1000 + cudaError_t`.
+/// The message of the last C ABI call on this thread that failed (`mla_last_error()`:
+/// "function: field: why"), empty after a success.
+pub fn last_c_error() -> String {
+    // SAFETY: mla_last_error returns a NUL-terminated thread-local string, never NULL, valid
+    // until the next call on this thread; it is copied at once.
+    unsafe { std::ffi::CStr::from_ptr(ffi::mla_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Maps a raw `mla_status_t` value returned by C ABI function `call`, just now on this
+/// thread, to a `Result` (the reason comes from [`last_c_error`]).
 pub fn status_to_result(call: &'static str, status: u32) -> Result<()> {
     const OK: u32 = ffi::mla_status_t::MLA_STATUS_OK.0;
     const INVALID: u32 = ffi::mla_status_t::MLA_STATUS_INVALID_ARGUMENT.0;
     const UNSUPPORTED: u32 = ffi::mla_status_t::MLA_STATUS_UNSUPPORTED.0;
     const NO_DEVICE: u32 = ffi::mla_status_t::MLA_STATUS_NO_DEVICE.0;
     const NOT_BUILT: u32 = ffi::mla_status_t::MLA_STATUS_NOT_BUILT.0;
-    const CUDA_BASE: u32 = ffi::mla_status_t::MLA_STATUS_CUDA_BASE.0;
-    match status {
-        OK => Ok(()),
-        INVALID => Err(Error::Rejected {
-            call,
-            reason: "MLA_STATUS_INVALID_ARGUMENT".to_string(),
-        }),
-        UNSUPPORTED => Err(Error::Unsupported(format!(
-            "{call}: valid but not implemented (MLA_STATUS_UNSUPPORTED)"
-        ))),
-        NO_DEVICE => Err(Error::NoDevice),
-        NOT_BUILT => Err(Error::KernelsNotBuilt),
-        s if s >= CUDA_BASE => Err(Error::Cuda {
-            call,
-            code: (s - CUDA_BASE) as i32,
-        }),
-        s => Err(Error::Unsupported(format!("{call}: unknown status {s}"))),
+    const WRONG_DEVICE: u32 = ffi::mla_status_t::MLA_STATUS_WRONG_DEVICE.0;
+    const CUDA_ERROR: u32 = ffi::mla_status_t::MLA_STATUS_CUDA_ERROR.0;
+    if status == OK {
+        return Ok(());
     }
+    let reason = last_c_error();
+    Err(match status {
+        INVALID => Error::Rejected { call, reason },
+        UNSUPPORTED => Error::Unsupported(reason),
+        NO_DEVICE => Error::NoDevice,
+        NOT_BUILT => Error::KernelsNotBuilt,
+        WRONG_DEVICE => Error::invalid("plan", reason),
+        CUDA_ERROR => Error::Cuda {
+            call,
+            // SAFETY: a plain thread-local read.
+            code: unsafe { ffi::mla_last_cuda_error() },
+        },
+        s => Error::Unsupported(format!("{call}: status {s}, unknown to this version")),
+    })
 }
 
 /// Maps the `mla_status_t` returned by C ABI function `call` to a `Result`.
@@ -149,13 +159,17 @@ mod tests {
         assert_eq!(status_to_result("f", 0), Ok(()));
         assert_eq!(status_to_result("f", 4), Err(Error::KernelsNotBuilt));
         assert_eq!(status_to_result("f", 3), Err(Error::NoDevice));
-        assert_eq!(
-            status_to_result("mla_dense_decode", 1002),
+        assert!(matches!(
+            status_to_result("mla_dense_decode", 6),
             Err(Error::Cuda {
                 call: "mla_dense_decode",
-                code: 2
+                ..
             })
-        );
+        ));
+        assert!(matches!(
+            status_to_result("f", 5),
+            Err(Error::InvalidArgument { arg: "plan", .. })
+        ));
         assert!(matches!(
             status_to_result("f", 1),
             Err(Error::Rejected { call: "f", .. })

@@ -12,3 +12,70 @@
 #![allow(clippy::all)]
 
 include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The library linked in (kernels or stubs) was built from the header these bindings
+    /// were generated from: same ABI version, same struct sizes (what a binding in another
+    /// language checks at load time).
+    #[test]
+    fn abi_version_and_struct_sizes() {
+        use std::mem::size_of;
+        // SAFETY: plain queries without arguments that point anywhere.
+        unsafe {
+            assert_eq!(mla_abi_version(), MLA_ABI_VERSION);
+            for (which, size) in [
+                (mla_struct_t::MLA_STRUCT_TUNING, size_of::<mla_tuning_t>()),
+                (mla_struct_t::MLA_STRUCT_SHAPE, size_of::<mla_shape_t>()),
+                (
+                    mla_struct_t::MLA_STRUCT_SCHEDULE,
+                    size_of::<mla_schedule_t>(),
+                ),
+                (
+                    mla_struct_t::MLA_STRUCT_DENSE_PARAMS,
+                    size_of::<mla_dense_params_t>(),
+                ),
+                (
+                    mla_struct_t::MLA_STRUCT_SPARSE_PARAMS,
+                    size_of::<mla_sparse_params_t>(),
+                ),
+                (
+                    mla_struct_t::MLA_STRUCT_APPEND_PARAMS,
+                    size_of::<mla_append_params_t>(),
+                ),
+                (
+                    mla_struct_t::MLA_STRUCT_GATHER_PARAMS,
+                    size_of::<mla_gather_params_t>(),
+                ),
+            ] {
+                assert_eq!(mla_struct_size(which), size, "{which:?}");
+            }
+        }
+    }
+
+    /// Without a device the C layer answers MLA_STATUS_NO_DEVICE (or NOT_BUILT in the stub
+    /// build) and says why in mla_last_error().
+    #[test]
+    fn no_device_is_a_status_with_a_message() {
+        if crate::cuda_available() {
+            return; // a machine with a GPU: nothing to check here (the GPU tests cover it)
+        }
+        let shape = mla_shape_t {
+            batch: 1,
+            q_len: 1,
+            num_heads: 8,
+            max_len: 64,
+            kv_format: mla_kv_format_t::MLA_KV_BF16,
+        };
+        let mut s = mla_schedule_t::default();
+        // SAFETY: valid pointers to local structs; tuning may be NULL.
+        let st = unsafe { mla_schedule_init(&mut s, &shape, std::ptr::null()) };
+        assert!(
+            st == mla_status_t::MLA_STATUS_NO_DEVICE || st == mla_status_t::MLA_STATUS_NOT_BUILT,
+            "{st:?}"
+        );
+        assert!(!crate::error::last_c_error().is_empty());
+    }
+}

@@ -66,6 +66,14 @@ impl PlanKind {
         }
     }
 
+    /// Query rows per request: `q_len` (dense) or 1 (sparse).
+    pub fn q_len(&self) -> usize {
+        match self {
+            PlanKind::Dense(s) => s.q_len,
+            PlanKind::Sparse(_) => 1,
+        }
+    }
+
     /// The format of the cache the plan's calls read.
     pub fn kv_format(&self) -> KvFormat {
         match self {
@@ -239,15 +247,21 @@ impl DecodePlan {
         options: PlanOptions,
     ) -> Result<Self> {
         refuse_while_capturing(stream, "DecodePlan")?;
-        let [batch, q_len, heads, max_len] = dims.map(|d| d as i32); // validated to fit
+        let [batch, q_len, num_heads, max_len] = dims.map(|d| d as i32); // validated to fit
+        let shape = ffi::mla_shape_t {
+            batch,
+            q_len,
+            num_heads,
+            max_len,
+            kv_format: kind.kv_format().to_ffi(),
+        };
         options.tuning.check()?;
         let mut schedule = ffi::mla_schedule_t::default();
         let tuning = options.tuning.to_ffi(options.sm120_occupancy);
         stream.context().bind_to_thread()?;
         // SAFETY: `schedule` is a valid, writable struct and `tuning` a valid struct that
         // outlives the call; the call only fills `schedule`.
-        let status =
-            unsafe { ffi::mla_schedule_init(&mut schedule, batch, q_len, heads, max_len, &tuning) };
+        let status = unsafe { ffi::mla_schedule_init(&mut schedule, &shape, &tuning) };
         check("mla_schedule_init", status)?;
         // SAFETY: `schedule` was filled by mla_schedule_init.
         let workspace_bytes = unsafe { ffi::mla_workspace_bytes(&schedule) };

@@ -29,8 +29,9 @@ pub struct Fault {
     pub code: u32,
     /// The request (dense, seq_len and block faults) or the query token (sparse, gather).
     pub row: u32,
-    /// The offending value (seq_len, block-table entry, slot id or request id).
-    pub value: i32,
+    /// The offending value (seq_len, topk_len, block-table entry, slot id, request id or
+    /// append slot), as the flag's words 2 and 3 hold it.
+    pub value: i64,
 }
 
 /// Fault codes, equal to `MLA_FAULT_*` in csrc/mla_decode.h.
@@ -45,8 +46,7 @@ pub mod fault_code {
     pub const BAD_SLOT_ID: u32 = 4;
     /// A gather req_id outside `[0, batch)`: row = token, value = req_id.
     pub const BAD_REQ_ID: u32 = 5;
-    /// An append slot (not -1) outside the cache: row = token, value = the slot (the device
-    /// flag holds all 64 bits; [`Fault::value`](super::Fault::value) here is 32-bit, and the reference has no append).
+    /// An append slot (not -1) outside the cache: row = token, value = the slot (all 64 bits).
     pub const BAD_APPEND_SLOT: u32 = 6;
     /// A sparse topk_len outside `0..=topk`, clamped: row = token, value = topk_len.
     pub const BAD_TOPK_LEN: u32 = 7;
@@ -326,7 +326,7 @@ pub fn dense_decode(p: &DenseProblem) -> Attention {
         let fault = |code| Fault {
             code,
             row: b as u32,
-            value: seq_len,
+            value: seq_len as i64,
         };
         let len = if seq_len < 0 {
             res.faults.push(fault(fault_code::NEGATIVE_SEQ_LEN));
@@ -345,7 +345,7 @@ pub fn dense_decode(p: &DenseProblem) -> Attention {
                 res.faults.push(Fault {
                     code: fault_code::BAD_BLOCK_ID,
                     row: b as u32,
-                    value: entry,
+                    value: entry as i64,
                 });
                 continue;
             }
@@ -388,9 +388,16 @@ pub fn sparse_decode(p: &SparseProblem) -> Attention {
     let mut res = Attention::empty(tokens, heads);
     let (mut keys, mut scores) = (Vec::new(), Vec::new());
     for t in 0..tokens {
-        let n = p
-            .topk_len
-            .map_or(topk, |l| l[t].clamp(0, topk as i32) as usize);
+        let n = p.topk_len.map_or(topk, |l| {
+            if l[t] < 0 || l[t] as usize > topk {
+                res.faults.push(Fault {
+                    code: fault_code::BAD_TOPK_LEN,
+                    row: t as u32,
+                    value: l[t] as i64,
+                });
+            }
+            l[t].clamp(0, topk as i32) as usize
+        });
         keys.clear();
         for &id in &p.indices[t * topk..][..n] {
             if id == -1 {
@@ -400,7 +407,7 @@ pub fn sparse_decode(p: &SparseProblem) -> Attention {
                 res.faults.push(Fault {
                     code: fault_code::BAD_SLOT_ID,
                     row: t as u32,
-                    value: id,
+                    value: id as i64,
                 });
                 continue;
             }
@@ -421,7 +428,9 @@ pub fn sparse_decode(p: &SparseProblem) -> Attention {
 /// Index gather: global slot ids `[num_tokens, topk]` (-1 where invalid) and the faults.
 ///
 /// req_id outside `[0, batch)`: the whole row is -1, one BAD_REQ_ID fault. Otherwise L =
-/// `clamp(seq_lens[req], 0, max_blocks_per_seq·block_size)` silently; pos < 0 or ≥ L gives -1; a
+/// `clamp(seq_lens[req], 0, max_blocks_per_seq·block_size)` (a seq_len outside that range of a
+/// request that some token uses records NEGATIVE_SEQ_LEN / SEQ_LEN_TOO_LARGE, row =
+/// request); pos < 0 or ≥ L gives -1; a
 /// block-table entry outside `[0, num_blocks)` gives -1 and a BAD_BLOCK_ID fault per entry.
 pub fn gather_slots(p: &GatherProblem) -> (Vec<i32>, Vec<Fault>) {
     let (topk, mbps, bs) = (p.topk, p.max_blocks_per_seq, p.block_size);
@@ -441,6 +450,25 @@ pub fn gather_slots(p: &GatherProblem) -> (Vec<i32>, Vec<Fault>) {
     let cap = (mbps * bs) as i64;
     let mut slots = vec![-1; p.num_tokens * topk];
     let mut faults = Vec::new();
+    // a seq_len outside [0, cap] of a request some token uses: clamped, recorded (row =
+    // request) as dense decode does
+    for b in 0..p.batch {
+        let used = p.req_id[..p.num_tokens]
+            .iter()
+            .any(|&r| r as usize == b && r >= 0);
+        let len = p.seq_lens[b] as i64;
+        if used && (len < 0 || len > cap) {
+            faults.push(Fault {
+                code: if len < 0 {
+                    fault_code::NEGATIVE_SEQ_LEN
+                } else {
+                    fault_code::SEQ_LEN_TOO_LARGE
+                },
+                row: b as u32,
+                value: len,
+            });
+        }
+    }
     for (t, row) in slots
         .chunks_exact_mut(topk.max(1))
         .take(p.num_tokens)
@@ -451,7 +479,7 @@ pub fn gather_slots(p: &GatherProblem) -> (Vec<i32>, Vec<Fault>) {
             faults.push(Fault {
                 code: fault_code::BAD_REQ_ID,
                 row: t as u32,
-                value: req,
+                value: req as i64,
             });
             continue;
         }
@@ -467,7 +495,7 @@ pub fn gather_slots(p: &GatherProblem) -> (Vec<i32>, Vec<Fault>) {
                 faults.push(Fault {
                     code: fault_code::BAD_BLOCK_ID,
                     row: t as u32,
-                    value: entry,
+                    value: entry as i64,
                 });
                 continue;
             }

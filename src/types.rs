@@ -192,14 +192,13 @@ impl KvFormat {
         matches!(self, KvFormat::Fp8PerTensor)
     }
 
-    /// The C ABI's value; `None` for a format the C ABI does not have yet
-    /// ([`KvFormat::Fp8PerTensor`]).
-    pub const fn to_ffi(self) -> Option<ffi::mla_kv_format_t> {
+    /// The C ABI's value.
+    pub const fn to_ffi(self) -> ffi::mla_kv_format_t {
         match self {
-            KvFormat::F16 => Some(ffi::mla_kv_format_t::MLA_KV_F16),
-            KvFormat::Bf16 => Some(ffi::mla_kv_format_t::MLA_KV_BF16),
-            KvFormat::Fp8DsMla => Some(ffi::mla_kv_format_t::MLA_KV_FP8_DS_MLA),
-            KvFormat::Fp8PerTensor => None,
+            KvFormat::F16 => ffi::mla_kv_format_t::MLA_KV_F16,
+            KvFormat::Bf16 => ffi::mla_kv_format_t::MLA_KV_BF16,
+            KvFormat::Fp8DsMla => ffi::mla_kv_format_t::MLA_KV_FP8_DS_MLA,
+            KvFormat::Fp8PerTensor => ffi::mla_kv_format_t::MLA_KV_FP8,
         }
     }
 }
@@ -244,9 +243,7 @@ mod tests {
             ffi::MLA_ROW_BYTES_FP8_DS_MLA as usize
         );
         for f in KvFormat::ALL {
-            if let Some(c) = f.to_ffi() {
-                assert_eq!(KvFormat::ALL[c as usize], f);
-            }
+            assert_eq!(KvFormat::ALL[f.to_ffi() as usize], f);
         }
     }
 

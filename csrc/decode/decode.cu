@@ -234,7 +234,7 @@ extern "C" mla_status_t mla_dense_decode(const mla_schedule_t* s, const mla_dens
     MLA_CHECK(p->batch == 1 || p->block_table_stride >= p->max_blocks_per_seq,
               "block_table_stride: %lld, must be >= max_blocks_per_seq (%d)",
               static_cast<long long>(p->block_table_stride), p->max_blocks_per_seq);
-    MLA_CHECK(p->block_table_stride <= 0x7fffffffLL, "block_table_stride: %lld exceeds INT32_MAX",
+    MLA_CHECK(p->batch == 1 || p->block_table_stride <= 0x7fffffffLL, "block_table_stride: %lld exceeds INT32_MAX",
               static_cast<long long>(p->block_table_stride));
     MLA_CHECK(p->seq_lens != nullptr, "seq_lens: NULL");
     MLA_TRY(set_max_len(s, static_cast<int64_t>(p->max_blocks_per_seq) * p->block_size, "max_blocks_per_seq * block_size",
@@ -261,7 +261,7 @@ extern "C" mla_status_t mla_sparse_decode(const mla_schedule_t* s, const mla_spa
     MLA_CHECK(p->topk >= 1 && p->topk <= MLA_MAX_TOPK, "topk: %d, must be in 1..=%d", p->topk, MLA_MAX_TOPK);
     MLA_CHECK(p->num_tokens == 1 || p->indices_stride >= p->topk, "indices_stride: %lld, must be >= topk (%d)",
               static_cast<long long>(p->indices_stride), p->topk);
-    MLA_CHECK(p->indices_stride <= 0x7fffffffLL, "indices_stride: %lld exceeds INT32_MAX",
+    MLA_CHECK(p->num_tokens == 1 || p->indices_stride <= 0x7fffffffLL, "indices_stride: %lld exceeds INT32_MAX",
               static_cast<long long>(p->indices_stride));
     MLA_CHECK(static_cast<int64_t>(p->num_blocks) * p->block_size <= 0x7fffffffLL,
               "num_blocks: num_blocks * block_size exceeds INT32_MAX (slot ids are int32)");

@@ -67,11 +67,11 @@ fn round_to_grid(x: f64, mant_bits: i32, min_exp: i32) -> f64 {
     (x / quantum).round_ties_even() * quantum
 }
 
-/// Encode to e4m3fn: round to nearest even, saturate to ±448 (infinities too); NaN gives +0,
-/// so the NaN code is never produced.
+/// Encode to e4m3fn: round to nearest even, saturate to ±448 (infinities too); NaN gives
+/// 0x7f, the NaN code (as the CUDA `cvt.rn.satfinite.e4m3x2.f32` conversion does).
 pub fn e4m3_encode(x: f64) -> u8 {
     if x.is_nan() {
-        return 0;
+        return 0x7f;
     }
     let sign = if x.is_sign_negative() { 0x80 } else { 0 };
     let r = round_to_grid(x.abs(), 3, -6).min(E4M3_MAX);
@@ -157,6 +157,26 @@ pub fn dequantize_row(bytes: &[u8; ROW_BYTES]) -> [f64; HEAD_DIM] {
         *x = bf16_decode(u16::from_le_bytes([b[0], b[1]]));
     }
     row
+}
+
+/// Bytes of one per-tensor fp8 row: 576 e4m3 values.
+pub const TENSOR_ROW_BYTES: usize = HEAD_DIM;
+
+/// Quantize one 576-wide row into a per-tensor fp8 row: every value (RoPE too) is
+/// `x / scale` in f32 (IEEE division), then [`e4m3_encode`].
+pub fn quantize_row_per_tensor(row: &[f64], scale: f32) -> [u8; TENSOR_ROW_BYTES] {
+    assert_eq!(row.len(), HEAD_DIM, "quantize_row_per_tensor: row length");
+    std::array::from_fn(|j| e4m3_encode((row[j] as f32 / scale) as f64))
+}
+
+/// Dequantize a per-tensor fp8 row: e4m3 · scale exactly.
+pub fn dequantize_row_per_tensor(bytes: &[u8], scale: f32) -> [f64; HEAD_DIM] {
+    assert_eq!(
+        bytes.len(),
+        TENSOR_ROW_BYTES,
+        "dequantize_row_per_tensor: row length"
+    );
+    std::array::from_fn(|j| e4m3_decode(bytes[j]) * scale as f64)
 }
 
 /// Quantize a whole cache (`rows · 576` values) into `rows · 656` bytes.

@@ -117,7 +117,7 @@ pub(crate) fn check_append<T: Half>(
                 .copy_from_slice(&kv[i * HEAD_DIM..(i + 1) * HEAD_DIM]);
         }
     }
-    let faults: Vec<Fault> = [(1, slots_total as i32), (2, -7), (3, 0)]
+    let faults: Vec<Fault> = [(1, slots_total as i64), (2, -7), (3, 1i64 << 40)]
         .iter()
         .map(|&(row, value)| Fault {
             code: fault_code::BAD_APPEND_SLOT,
@@ -250,6 +250,6 @@ fn sanitize_gather_slots() {
     let found = check_gather("sanitize gather bad block", &g, &got, flag);
     assert!(found
         .iter()
-        .all(|f| f.code == fault_code::BAD_BLOCK_ID && f.value == bad));
+        .all(|f| f.code == fault_code::BAD_BLOCK_ID && f.value == bad as i64));
     assert!(found.iter().any(|f| f.row == 1));
 }

@@ -356,7 +356,7 @@ fn sanitize_dense_bad_block_ids() {
         flag,
         fault_code::BAD_BLOCK_ID,
         2,
-        nb + 7,
+        (nb + 7) as i64,
     );
 
     let mut c = s.clone();
@@ -393,8 +393,16 @@ fn sanitize_dense_bad_seq_lens() {
         let (flag, faults) = run_small(&label, &mut rng, &stream, &s);
         match want {
             Some((code, row, value)) => {
-                assert_eq!(faults, [Fault { code, row, value }], "{label}");
-                check_flag_is(&label, flag, code, row as usize, value);
+                assert_eq!(
+                    faults,
+                    [Fault {
+                        code,
+                        row,
+                        value: value as i64
+                    }],
+                    "{label}"
+                );
+                check_flag_is(&label, flag, code, row as usize, value as i64);
             }
             None => {
                 assert_eq!(faults.len(), 2, "{label}");

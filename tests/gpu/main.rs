@@ -10,8 +10,8 @@
 //!
 //! - [`plumbing`]: hand-computed answers for the safe layer's plumbing (device info, the flag
 //!   and its non-blocking reads, views and strides, validation with real buffers);
-//! - [`pending`]: what the API describes and the kernels do not do yet (fp8 caches refused
-//!   as unsupported; fault values of 64 bits, which fails until the kernels write them);
+//! - [`fp8`]: the fp8 quantize-and-append bytes against the reference quantizer, fp8 decode
+//!   refused as unsupported (until its kernels land), fault values of 64 bits;
 //! - [`dense`], [`sparse`]: each decode against the f64 reference, and the inputs the host
 //!   cannot check;
 //! - [`cache_ops`]: `append_kv` and `gather_slots`;
@@ -29,8 +29,8 @@ mod cache_ops;
 mod capacity;
 mod dense;
 mod end_to_end;
+mod fp8;
 mod graph;
-mod pending;
 mod plumbing;
 mod repeat;
 mod sparse;

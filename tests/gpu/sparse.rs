@@ -247,11 +247,11 @@ fn sanitize_sparse_bad_slot_ids() {
             [Fault {
                 code: fault_code::BAD_SLOT_ID,
                 row: token as u32,
-                value: id
+                value: id as i64
             }],
             "{label}"
         );
-        check_flag_is(&label, got.flag, fault_code::BAD_SLOT_ID, token, id);
+        check_flag_is(&label, got.flag, fault_code::BAD_SLOT_ID, token, id as i64);
         check_outputs(&label, &got, &want, &all);
     }
 

@@ -208,11 +208,12 @@ pub fn check_flag(label: &str, words: [u32; 4], faults: &[Fault]) {
         );
         return;
     }
+    let value = (words[3] as u64) << 32 | words[2] as u64;
     let hit = faults
         .iter()
-        .any(|f| words[0] == f.code && words[1] == f.row && words[2] as i32 == f.value);
+        .any(|f| words[0] == f.code && words[1] == f.row && value as i64 == f.value);
     assert!(
-        hit && words[3] == 0,
+        hit,
         "{label}: error flag {words:?} is none of the reference's faults {:?}",
         &faults[..faults.len().min(8)]
     );
@@ -220,10 +221,10 @@ pub fn check_flag(label: &str, words: [u32; 4], faults: &[Fault]) {
 
 /// The flag holds exactly `(code, row, value)`.
 #[track_caller]
-pub fn check_flag_is(label: &str, words: [u32; 4], code: u32, row: usize, value: i32) {
+pub fn check_flag_is(label: &str, words: [u32; 4], code: u32, row: usize, value: i64) {
     assert_eq!(
         words,
-        [code, row as u32, value as u32, 0],
+        [code, row as u32, value as u32, (value >> 32) as u32],
         "{label}: error flag (want code {code}, row {row}, value {value})"
     );
 }

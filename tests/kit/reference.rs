@@ -23,7 +23,7 @@ fn restore_faults(
     for f in faults {
         let value = if f.code == bad_code {
             *bad.next()
-                .expect("reference reported more bad entries than injected")
+                .expect("reference reported more bad entries than injected") as i64
         } else {
             f.value
         };
@@ -165,9 +165,17 @@ pub fn sparse_reference<T: Half>(p: &SparseInputs<T>, heads: &[usize]) -> Attent
     let mut res = Attention::empty(p.num_tokens, nh);
     let mut data = Vec::new();
     for t in 0..p.num_tokens {
-        let n = p
-            .topk_len
-            .map_or(p.topk, |l| l[t].clamp(0, p.topk as i32) as usize);
+        let n = p.topk_len.map_or(p.topk, |l| {
+            if l[t] < 0 || l[t] as usize > p.topk {
+                // clamped, and recorded, as the full reference does (before the entries)
+                res.faults.push(Fault {
+                    code: fault_code::BAD_TOPK_LEN,
+                    row: t as u32,
+                    value: l[t] as i64,
+                });
+            }
+            l[t].clamp(0, p.topk as i32) as usize
+        });
         if n == 0 {
             continue;
         }

@@ -71,10 +71,10 @@ fn dense_empty_cases() {
     s.seq_lens = vec![0, 2, 40, 1];
     s.table[6..9].copy_from_slice(&[-1, nb, i32::MIN]); // request 2: all invalid
     let r = dense_decode(&s.dense());
-    let bad = |e| Fault {
+    let bad = |e: i32| Fault {
         code: fault_code::BAD_BLOCK_ID,
         row: 2,
-        value: e,
+        value: e as i64,
     };
     let want_faults: Vec<Fault> = match s.block_size {
         16 => vec![bad(-1), bad(nb), bad(i32::MIN)], // 40 rows span 3 blocks of 16
@@ -136,14 +136,20 @@ fn sparse_empty_cases() {
     indices[topk..2 * topk].copy_from_slice(&[slots, -3, 0, 1, 2]);
     indices[2 * topk..].copy_from_slice(&[i32::MAX, i32::MIN, slots, -2, -1]);
     let r = sparse_decode(&s.sparse(&indices, Some(&[4, 0, 9])));
-    let bad = |v| Fault {
+    let bad = |v: i32| Fault {
         code: fault_code::BAD_SLOT_ID,
         row: 2,
-        value: v,
+        value: v as i64,
+    };
+    // topk_len 9 > topk 5 is clamped and recorded before token 2's entries
+    let long = Fault {
+        code: fault_code::BAD_TOPK_LEN,
+        row: 2,
+        value: 9,
     };
     assert_eq!(
         r.faults,
-        vec![bad(i32::MAX), bad(i32::MIN), bad(slots), bad(-2)]
+        vec![long, bad(i32::MAX), bad(i32::MIN), bad(slots), bad(-2)]
     );
     for t in 0..3 {
         for h in 0..2 {
@@ -177,7 +183,7 @@ fn gather_out_of_range() {
     let topk = positions.len();
     let row = |t: usize| &slots[t * topk..][..topk];
     let slot = |r: usize, p: i32| s.table[r * 2 + (p / bs) as usize] * bs + p % bs;
-    // Request 0: seq_len clamped to cap silently.
+    // Request 0: seq_len clamped to cap (and recorded).
     assert_eq!(
         row(0),
         &[
@@ -193,7 +199,7 @@ fn gather_out_of_range() {
             slot(0, 1)
         ]
     );
-    // Request 1: negative seq_len, everything -1, silently.
+    // Request 1: negative seq_len, everything -1 (and recorded).
     assert!(row(1).iter().all(|&x| x == -1));
     // Request 2: block 0 bad (positions 0 and 1 fault), positions up to bs + 2 valid.
     assert_eq!(
@@ -203,10 +209,16 @@ fn gather_out_of_range() {
     for t in 3..6 {
         assert!(row(t).iter().all(|&x| x == -1));
     }
-    let f = |code, row, value| Fault { code, row, value };
+    let f = |code, row, value: i32| Fault {
+        code,
+        row,
+        value: value as i64,
+    };
     assert_eq!(
         faults,
         vec![
+            f(fault_code::SEQ_LEN_TOO_LARGE, 0, cap + 1000),
+            f(fault_code::NEGATIVE_SEQ_LEN, 1, -4),
             f(fault_code::BAD_BLOCK_ID, 2, nb + 2),
             f(fault_code::BAD_BLOCK_ID, 2, nb + 2),
             f(fault_code::BAD_REQ_ID, 3, 3),

@@ -356,7 +356,7 @@ proptest! {
         let big = if excess > 99_990 { i32::MAX } else { cap + excess };
         s.seq_lens[0] = big;
         let got = dense_decode(&s.dense());
-        assert_eq!(got.faults, vec![Fault { code: fault_code::SEQ_LEN_TOO_LARGE, row: 0, value: big }]);
+        assert_eq!(got.faults, vec![Fault { code: fault_code::SEQ_LEN_TOO_LARGE, row: 0, value: big as i64 }]);
         assert_eq!((got.out, got.lse), (want.out, want.lse));
     }
 
@@ -385,7 +385,7 @@ proptest! {
                 if (0..nb).contains(&e) {
                     slots.push(e as usize * bs + pos % bs);
                 } else if pos % bs == 0 {
-                    want_faults.push(Fault { code: fault_code::BAD_BLOCK_ID, row: b as u32, value: e });
+                    want_faults.push(Fault { code: fault_code::BAD_BLOCK_ID, row: b as u32, value: e as i64 });
                 }
             }
             for h in 0..heads {
@@ -403,7 +403,7 @@ proptest! {
             for pos in 0..s.seq_lens[b] as usize {
                 let e = s.table[b * mbps + pos / bs];
                 if !(0..nb).contains(&e) {
-                    want_gather_faults.push(Fault { code: fault_code::BAD_BLOCK_ID, row: b as u32, value: e });
+                    want_gather_faults.push(Fault { code: fault_code::BAD_BLOCK_ID, row: b as u32, value: e as i64 });
                 }
             }
         }
@@ -434,11 +434,14 @@ proptest! {
             let got = sparse_decode(&s.sparse(&indices, limit));
             let mut want_faults = Vec::new();
             for t in 0..batch {
+                if let Some(l) = limit.filter(|l| l[t] < 0 || l[t] as usize > topk) {
+                    want_faults.push(Fault { code: fault_code::BAD_TOPK_LEN, row: t as u32, value: l[t] as i64 });
+                }
                 let n = limit.map_or(topk, |l| l[t].clamp(0, topk as i32) as usize);
                 let row = &indices[t * topk..][..n];
                 let good: Vec<usize> = row.iter().filter(|&&i| (0..slots).contains(&i)).map(|&i| i as usize).collect();
                 for &id in row.iter().filter(|&&i| i != -1 && !(0..slots).contains(&i)) {
-                    want_faults.push(Fault { code: fault_code::BAD_SLOT_ID, row: t as u32, value: id });
+                    want_faults.push(Fault { code: fault_code::BAD_SLOT_ID, row: t as u32, value: id as i64 });
                 }
                 for h in 0..heads {
                     let want = attend(s.q_head(t, h), rows_of(&s.cache, &good), s.scale);

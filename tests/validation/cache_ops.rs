@@ -122,10 +122,14 @@ fn gather_errors() {
     c.kv_cache.num_blocks = 0;
     expect(validate::gather(&c), "kv_cache", "");
 
-    // The cache descriptor is checked whole: its buffer must hold its blocks.
+    // Only the cache's device and geometry are checked: the gather never touches its bytes,
+    // so a descriptor over a short (or empty) buffer is fine.
     let mut c = gather();
-    c.kv_cache.buf.bytes -= 16;
-    expect(validate::gather(&c), "kv_cache", "");
+    c.kv_cache.buf.bytes = 0;
+    assert_eq!(validate::gather(&c), Ok(()));
+    let mut c = gather();
+    c.kv_cache.buf.device = 1;
+    expect(validate::gather(&c), "kv_cache", "device 1");
 
     let mut c = gather();
     c.req_id.device = 1;
