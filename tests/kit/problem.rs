@@ -400,8 +400,9 @@ impl GatherSetup {
 }
 
 /// A random gather: `tokens` rows of `topk` positions over `batch` requests, positions valid,
-/// negative, at or past seq_len; seq_lens including 0, negative and above the table
-/// capacity (clamped silently); with `faults`, bad req ids and bad block ids in used columns.
+/// negative, at or past seq_len; seq_lens including 0 and the table capacity; with `faults`,
+/// also negative seq_lens and ones above the capacity (clamped and recorded), bad req ids and
+/// bad block ids in used columns.
 pub fn random_gather(
     rng: &mut Rng,
     batch: usize,
@@ -415,8 +416,8 @@ pub fn random_gather(
     let seq_lens: Vec<i32> = (0..batch)
         .map(|_| match rng.below(8) {
             0 => 0,
-            1 => -(rng.range(1, 9) as i32),
-            2 => cap + rng.range(1, 100) as i32,
+            1 if faults => -(rng.range(1, 9) as i32),
+            2 if faults => cap + rng.range(1, 100) as i32,
             3 => cap,
             _ => rng.range(1, cap as usize) as i32,
         })
