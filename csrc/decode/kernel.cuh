@@ -164,6 +164,60 @@ __device__ __forceinline__ void load_q_frags(const DecodeArgs& a, int b, int m_t
     }
 }
 
+// The decode kernel is written as phases (wait for a tile, scores, sum the partials, softmax,
+// P V, write a finished segment, issue the next tile), each a __forceinline__ function. Their
+// arguments are prepared by the kernel: lane-derived operands (rows and columns a lane
+// addresses) are computed there, once, so that the compiler sees the same expressions as when
+// the phases were written inline (it simplifies a function before inlining it; arithmetic on
+// lane ids inside a phase came out differently and moved registers at the 255 cap).
+
+// ---- phase: scores --------------------------------------------------------------------
+// S = Q K^T for this warp's share: its 16 of the tile's 32 rows (ldmatrix row krow of the
+// staged tile) x the CTA's query rows (qf: A fragments of every m-tile), over its k16 steps
+// kk0 .. kk0 + kSKSteps - 1 of the QK width; col_half (0 or 1) picks the lane's 8-column half
+// of each k16 step. The result, one float4 per lane and (m-tile, n8 tile), goes to this
+// warp's S partials, part_s[((warp * kMTiles + mt) * 2 + n) * 32 + lane], for sum_partials.
+template <typename T, typename C>
+__device__ __forceinline__ void score_partials(uint32_t kv_base, const uint32_t (&qf)[C::kMTiles][C::kSKSteps][4],
+                                               int krow, int kk0, int col_half, float4* part_s, int warp, int lane) {
+    constexpr int kMT = C::kMTiles;
+    // two accumulator parities per (m-tile, n8 tile) with one m-tile (shorter chains),
+    // one with two (the two m-tiles already interleave)
+    constexpr int kPar = kMT == 1 ? 2 : 1;
+    float sacc[kMT][2][kPar][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int par = 0; par < kPar; ++par)
+                sacc[mt][n][par][0] = sacc[mt][n][par][1] = sacc[mt][n][par][2] = sacc[mt][n][par][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < C::kSKSteps; ++ks) {
+        const int kk = kk0 + ks;
+        uint32_t bfr[4];
+        ldmatrix_x4(bfr, kv_base + swz(krow, kk * 2 + col_half) * 16);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+            mma16816<T>(sacc[mt][0][ks % kPar], qf[mt][ks], bfr[0], bfr[1]);
+            mma16816<T>(sacc[mt][1][ks % kPar], qf[mt][ks], bfr[2], bfr[3]);
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+            float4 v = make_float4(sacc[mt][n][0][0], sacc[mt][n][0][1], sacc[mt][n][0][2], sacc[mt][n][0][3]);
+            if constexpr (kPar == 2) {
+                v.x += sacc[mt][n][1][0];
+                v.y += sacc[mt][n][1][1];
+                v.z += sacc[mt][n][1][2];
+                v.w += sacc[mt][n][1][3];
+            }
+            part_s[((warp * kMT + mt) * 2 + n) * 32 + lane] = v;
+        }
+}
+
 template <typename T, bool kSparse, typename C>
 __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs a) {
     MLA_TRACE_AT(kTraceDecode, kTraceDecodeEntry);
@@ -278,44 +332,8 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
 
         // ---- S = Q K^T: this warp's 16 rows x 16 cache rows over its 288 dims ----
         const uint32_t kv_base = smem_u32(kv_cur);
-        {
-            // two accumulator parities per (m-tile, n8 tile) with one m-tile (shorter chains),
-            // one with two (the two m-tiles already interleave)
-            constexpr int kPar = kMT == 1 ? 2 : 1;
-            float sacc[kMT][2][kPar][4];
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-                for (int n = 0; n < 2; ++n)
-#pragma unroll
-                    for (int par = 0; par < kPar; ++par)
-                        sacc[mt][n][par][0] = sacc[mt][n][par][1] = sacc[mt][n][par][2] = sacc[mt][n][par][3] = 0.f;
-            const int krow = nh * 16 + (mat >> 1) * 8 + mrow;
-#pragma unroll
-            for (int ks = 0; ks < C::kSKSteps; ++ks) {
-                const int kk = kh * C::kSKSteps + ks;
-                uint32_t bfr[4];
-                ldmatrix_x4(bfr, kv_base + swz(krow, kk * 2 + (mat & 1)) * 16);
-#pragma unroll
-                for (int mt = 0; mt < kMT; ++mt) {
-                    mma16816<T>(sacc[mt][0][ks % kPar], qf[mt][ks], bfr[0], bfr[1]);
-                    mma16816<T>(sacc[mt][1][ks % kPar], qf[mt][ks], bfr[2], bfr[3]);
-                }
-            }
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-                for (int n = 0; n < 2; ++n) {
-                    float4 v = make_float4(sacc[mt][n][0][0], sacc[mt][n][0][1], sacc[mt][n][0][2], sacc[mt][n][0][3]);
-                    if constexpr (kPar == 2) {
-                        v.x += sacc[mt][n][1][0];
-                        v.y += sacc[mt][n][1][1];
-                        v.z += sacc[mt][n][1][2];
-                        v.w += sacc[mt][n][1][3];
-                    }
-                    part_s[((warp * kMT + mt) * 2 + n) * 32 + lane] = v;
-                }
-        }
+        score_partials<T, C>(kv_base, qf, nh * 16 + (mat >> 1) * 8 + mrow, kh * C::kSKSteps, mat & 1, part_s, warp,
+                             lane);
         __syncthreads();
         if constexpr (C::kSplitK == 4) {
             // Sum the four k-quarter partials in place: a unit is one half (rows g or g+8) of
