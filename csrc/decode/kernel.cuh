@@ -218,6 +218,58 @@ __device__ __forceinline__ void score_partials(uint32_t kv_base, const uint32_t 
         }
 }
 
+// ---- phase: sum the partials (configurations whose warps split the QK width in four) ----
+// Sums the four k-quarter partials in place: a unit is one half (rows g or g+8) of one
+// (n-half, m-tile, n8 tile) fragment; warp w adds up units w, w+8, ..., quarters in order,
+// into quarter 0's slot. Between two barriers.
+template <typename C>
+__device__ __forceinline__ void sum_partials(float4* part_s, int warp, int lane) {
+    constexpr int kMT = C::kMTiles;
+    __builtin_assume(warp >= 0 && warp < C::kWarps);
+#pragma unroll
+    for (int u = warp; u < 2 * 2 * kMT * 2; u += C::kWarps) {
+        const int h = u & 1, n = (u >> 1) & 1, mt = (u >> 2) % kMT, nhu = (u >> 2) / kMT;
+        float2* p = reinterpret_cast<float2*>(part_s + ((nhu * kMT + mt) * 2 + n) * 32 + lane) + h;
+        float2 acc = *p;
+#pragma unroll
+        for (int q = 1; q < 4; ++q) {
+            // warp nhu + q*kSplitN, same m-tile and n8 tile
+            const float2 u2 = *(p + q * C::kSplitN * kMT * 2 * 32 * 2);
+            acc.x += u2.x;
+            acc.y += u2.y;
+        }
+        *p = acc;
+    }
+}
+
+// ---- phase: read the scores ------------------------------------------------------------
+// The whole tile's S for the lane's fragment rows, from the summed partials: s[mt][jn] is n8
+// tile jn (tile rows 8 jn ..) of m-tile mt, in mma accumulator layout. Every warp reads the
+// same values in the same order, so all warps agree on the softmax.
+template <typename C>
+__device__ __forceinline__ void read_scores(const float4* part_s, int lane, float (&s)[C::kMTiles][4][4]) {
+    constexpr int kMT = C::kMTiles;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int jn = 0; jn < 4; ++jn) {
+            const int nhj = jn >> 1, ntl = jn & 1;
+            const float4 p0 = part_s[((nhj * kMT + mt) * 2 + ntl) * 32 + lane];
+            if constexpr (C::kSplitK == 2) {
+                const float4 p1 = part_s[(((nhj + C::kSplitN) * kMT + mt) * 2 + ntl) * 32 + lane];
+                s[mt][jn][0] = p0.x + p1.x;
+                s[mt][jn][1] = p0.y + p1.y;
+                s[mt][jn][2] = p0.z + p1.z;
+                s[mt][jn][3] = p0.w + p1.w;
+            } else {
+                s[mt][jn][0] = p0.x;
+                s[mt][jn][1] = p0.y;
+                s[mt][jn][2] = p0.z;
+                s[mt][jn][3] = p0.w;
+            }
+        }
+}
+
 template <typename T, bool kSparse, typename C>
 __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs a) {
     MLA_TRACE_AT(kTraceDecode, kTraceDecodeEntry);
@@ -336,48 +388,14 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
                              lane);
         __syncthreads();
         if constexpr (C::kSplitK == 4) {
-            // Sum the four k-quarter partials in place: a unit is one half (rows g or g+8) of
-            // one (n-half, m-tile, n8 tile) fragment; warp w adds up units w, w+8, ...,
-            // quarters in order, into quarter 0's slot.
-#pragma unroll
-            for (int u = warp; u < 2 * 2 * kMT * 2; u += C::kWarps) {
-                const int h = u & 1, n = (u >> 1) & 1, mt = (u >> 2) % kMT, nhu = (u >> 2) / kMT;
-                float2* p = reinterpret_cast<float2*>(part_s + ((nhu * kMT + mt) * 2 + n) * 32 + lane) + h;
-                float2 acc = *p;
-#pragma unroll
-                for (int q = 1; q < 4; ++q) {
-                    // warp nhu + q*kSplitN, same m-tile and n8 tile
-                    const float2 u2 = *(p + q * C::kSplitN * kMT * 2 * 32 * 2);
-                    acc.x += u2.x;
-                    acc.y += u2.y;
-                }
-                *p = acc;
-            }
+            sum_partials<C>(part_s, warp, lane);
             __syncthreads();
         }
         if (x == lo) MLA_TRACE_AT(kTraceDecode, kTraceFirstSDone);
 
         // ---- full S (every warp, same order: identical in all warps), mask, online softmax ----
         float s[kMT][4][4];
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-            for (int jn = 0; jn < 4; ++jn) {
-                const int nhj = jn >> 1, ntl = jn & 1;
-                const float4 p0 = part_s[((nhj * kMT + mt) * 2 + ntl) * 32 + lane];
-                if constexpr (C::kSplitK == 2) {
-                    const float4 p1 = part_s[(((nhj + C::kSplitN) * kMT + mt) * 2 + ntl) * 32 + lane];
-                    s[mt][jn][0] = p0.x + p1.x;
-                    s[mt][jn][1] = p0.y + p1.y;
-                    s[mt][jn][2] = p0.z + p1.z;
-                    s[mt][jn][3] = p0.w + p1.w;
-                } else {
-                    s[mt][jn][0] = p0.x;
-                    s[mt][jn][1] = p0.y;
-                    s[mt][jn][2] = p0.z;
-                    s[mt][jn][3] = p0.w;
-                }
-            }
+        read_scores<C>(part_s, lane, s);
         const int pos0 = cc.j << kTileShift;
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
