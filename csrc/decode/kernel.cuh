@@ -270,6 +270,67 @@ __device__ __forceinline__ void read_scores(const float4* part_s, int lane, floa
         }
 }
 
+// ---- phase: softmax ---------------------------------------------------------------------
+// Masks the tile's scores (rows whose valid flag is 0; dense: rows past the causal limit of
+// each query row), scales them to the log2 domain and turns them into probabilities against
+// the running max (online softmax): updates m_run and l_run (the running max and sum per
+// fragment row), and rescales o when the max moved. pos0: the tile's first position in its
+// request; len: the request's clamped length; g, tq: the lane's fragment row and column pair.
+template <typename C, bool kSparse>
+__device__ __forceinline__ void softmax_tile(const DecodeArgs& a, float (&s)[C::kMTiles][4][4], const int32_t* valid_lane,
+                                             int pos0, int len, int m_tile, int g, int tq,
+                                             float (&m_run)[C::kMTiles][2], float (&l_run)[C::kMTiles][2],
+                                             float (&o)[C::kMTiles][C::kONTiles][4]) {
+    constexpr int kMT = C::kMTiles;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+        float alpha[2];
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            // Causal limit of query row m (dense MTP): position i of q_len sees cache rows
+            // < len - q_len + i + 1 (recomputed per tile: no registers held across the loop).
+            const int row_lim =
+                kSparse ? 0x7fffffff
+                        : len - a.q_len + 1 + (m_tile * C::kBlockM + mt * 16 + g + 8 * hf) / a.num_heads;
+            float mx = -INFINITY;
+#pragma unroll
+            for (int jn = 0; jn < 4; ++jn)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int col = jn * 8 + 2 * tq + e;
+                    const bool ok = valid_lane[jn * 8 + e] != 0 && pos0 + col < row_lim;
+                    const float v = ok ? s[mt][jn][hf * 2 + e] * a.scale_log2 : -INFINITY;
+                    s[mt][jn][hf * 2 + e] = v;
+                    mx = fmaxf(mx, v);
+                }
+            mx = warp_max4(mx);
+            const float m_new = fmaxf(m_run[mt][hf], mx);
+            const float base = (m_new == -INFINITY) ? 0.f : m_new;
+            alpha[hf] = fast_exp2(m_run[mt][hf] - base);  // m_run = -inf -> 0
+            float sum = 0.f;
+#pragma unroll
+            for (int jn = 0; jn < 4; ++jn)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float pe = fast_exp2(s[mt][jn][hf * 2 + e] - base);
+                    s[mt][jn][hf * 2 + e] = pe;
+                    sum += pe;
+                }
+            l_run[mt][hf] = l_run[mt][hf] * alpha[hf] + sum;
+            m_run[mt][hf] = m_new;
+        }
+        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // the running max moved
+#pragma unroll
+            for (int n = 0; n < C::kONTiles; ++n) {
+                o[mt][n][0] *= alpha[0];
+                o[mt][n][1] *= alpha[0];
+                o[mt][n][2] *= alpha[1];
+                o[mt][n][3] *= alpha[1];
+            }
+        }
+    }
+}
+
 template <typename T, bool kSparse, typename C>
 __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs a) {
     MLA_TRACE_AT(kTraceDecode, kTraceDecodeEntry);
@@ -396,54 +457,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
         // ---- full S (every warp, same order: identical in all warps), mask, online softmax ----
         float s[kMT][4][4];
         read_scores<C>(part_s, lane, s);
-        const int pos0 = cc.j << kTileShift;
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-            float alpha[2];
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                // Causal limit of query row m (dense MTP): position i of q_len sees cache rows
-                // < len - q_len + i + 1 (recomputed per tile: no registers held across the loop).
-                const int row_lim =
-                    kSparse ? 0x7fffffff
-                            : cc.len - a.q_len + 1 + (m_tile * C::kBlockM + mt * 16 + g + 8 * hf) / a.num_heads;
-                float mx = -INFINITY;
-#pragma unroll
-                for (int jn = 0; jn < 4; ++jn)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const int col = jn * 8 + 2 * tq + e;
-                        const bool ok = valid_cur[col] != 0 && pos0 + col < row_lim;
-                        const float v = ok ? s[mt][jn][hf * 2 + e] * a.scale_log2 : -INFINITY;
-                        s[mt][jn][hf * 2 + e] = v;
-                        mx = fmaxf(mx, v);
-                    }
-                mx = warp_max4(mx);
-                const float m_new = fmaxf(m_run[mt][hf], mx);
-                const float base = (m_new == -INFINITY) ? 0.f : m_new;
-                alpha[hf] = fast_exp2(m_run[mt][hf] - base);  // m_run = -inf -> 0
-                float sum = 0.f;
-#pragma unroll
-                for (int jn = 0; jn < 4; ++jn)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const float pe = fast_exp2(s[mt][jn][hf * 2 + e] - base);
-                        s[mt][jn][hf * 2 + e] = pe;
-                        sum += pe;
-                    }
-                l_run[mt][hf] = l_run[mt][hf] * alpha[hf] + sum;
-                m_run[mt][hf] = m_new;
-            }
-            if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // the running max moved
-#pragma unroll
-                for (int n = 0; n < C::kONTiles; ++n) {
-                    o[mt][n][0] *= alpha[0];
-                    o[mt][n][1] *= alpha[0];
-                    o[mt][n][2] *= alpha[1];
-                    o[mt][n][3] *= alpha[1];
-                }
-            }
-        }
+        softmax_tile<C, kSparse>(a, s, valid_cur + 2 * tq, cc.j << kTileShift, cc.len, m_tile, g, tq, m_run, l_run, o);
 
         // ---- O += P V over this warp's output dims (each V fragment serves every m-tile) ----
 #pragma unroll
