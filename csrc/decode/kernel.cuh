@@ -331,6 +331,38 @@ __device__ __forceinline__ void softmax_tile(const DecodeArgs& a, float (&s)[C::
     }
 }
 
+// ---- phase: P V ----------------------------------------------------------------------------
+// O += P V over this warp's kODims output dims: the probabilities s (packed to the element
+// type, as A fragments) times the tile's rows read transposed (ldmatrix .trans, row vrow0 of
+// each 16-row step); every V fragment serves every m-tile.
+template <typename T, typename C>
+__device__ __forceinline__ void pv_tile(uint32_t kv_base, const float (&s)[C::kMTiles][4][4], int vrow0, int warp, int col_half,
+                                        float (&o)[C::kMTiles][C::kONTiles][4]) {
+    constexpr int kMT = C::kMTiles;
+#pragma unroll
+    for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
+        uint32_t pa[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+            pa[mt][0] = Elem<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+            pa[mt][1] = Elem<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+            pa[mt][2] = Elem<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+            pa[mt][3] = Elem<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
+        const int vrow = kk * 16 + vrow0;
+#pragma unroll
+        for (int pr = 0; pr < C::kONTiles / 2; ++pr) {
+            uint32_t bfr[4];
+            ldmatrix_x4_trans(bfr, kv_base + swz(vrow, (warp * C::kODims + pr * 16) / 8 + col_half) * 16);
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+                mma16816<T>(o[mt][2 * pr], pa[mt], bfr[0], bfr[1]);
+                mma16816<T>(o[mt][2 * pr + 1], pa[mt], bfr[2], bfr[3]);
+            }
+        }
+    }
+}
+
 template <typename T, bool kSparse, typename C>
 __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs a) {
     MLA_TRACE_AT(kTraceDecode, kTraceDecodeEntry);
@@ -460,28 +492,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
         softmax_tile<C, kSparse>(a, s, valid_cur + 2 * tq, cc.j << kTileShift, cc.len, m_tile, g, tq, m_run, l_run, o);
 
         // ---- O += P V over this warp's output dims (each V fragment serves every m-tile) ----
-#pragma unroll
-        for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
-            uint32_t pa[kMT][4];
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-                pa[mt][0] = Elem<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                pa[mt][1] = Elem<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                pa[mt][2] = Elem<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                pa[mt][3] = Elem<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-            }
-            const int vrow = kk * 16 + (mat & 1) * 8 + mrow;
-#pragma unroll
-            for (int pr = 0; pr < C::kONTiles / 2; ++pr) {
-                uint32_t bfr[4];
-                ldmatrix_x4_trans(bfr, kv_base + swz(vrow, (warp * C::kODims + pr * 16) / 8 + (mat >> 1)) * 16);
-#pragma unroll
-                for (int mt = 0; mt < kMT; ++mt) {
-                    mma16816<T>(o[mt][2 * pr], pa[mt], bfr[0], bfr[1]);
-                    mma16816<T>(o[mt][2 * pr + 1], pa[mt], bfr[2], bfr[3]);
-                }
-            }
-        }
+        pv_tile<T, C>(kv_base, s, (mat & 1) * 8 + mrow, warp, mat >> 1, o);
 
         if (x == lo) MLA_TRACE_AT(kTraceDecode, kTraceFirstPvDone);
         // ---- end of a segment: normalize and write ----
