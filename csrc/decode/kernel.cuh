@@ -363,6 +363,55 @@ __device__ __forceinline__ void pv_tile(uint32_t kv_base, const float (&s)[C::kM
     }
 }
 
+// ---- phase: write a finished segment ----------------------------------------------------
+// The end of a request's rows in this part: normalizes o by the running sum and writes this
+// lane's dims of each fragment row (dims col0 + 8 n) with the lse: straight to out and lse
+// when the whole request lay in this part (whole), else as this part's piece of a split
+// request to workspace slot `slot` (decode/split.cuh) for the combine.
+template <typename T, bool kSparse, typename C>
+__device__ __forceinline__ void write_segment(const DecodeArgs& a, const Cursor& cc, int seg_j0, int part, int first_req,
+                                              int m_tile, int g, int warp, int tq,
+                                              const float (&o)[C::kMTiles][C::kONTiles][4],
+                                              const float (&m_run)[C::kMTiles][2], const float (&l_run)[C::kMTiles][2]) {
+    constexpr int kMT = C::kMTiles;
+    const int b = cc.b;
+    const bool whole = (seg_j0 == 0) && (cc.j + 1 == cc.ntiles());
+    const int slot = ws_slot(part, cc.b == first_req ? 0 : 1);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const float l = warp_sum4(l_run[mt][hf]);
+            const float inv = l > 0.f ? fast_rcp(l) : 0.f;
+            const float lse2 = l > 0.f ? m_run[mt][hf] + fast_log2(l) : -INFINITY;
+            const int m = m_tile * C::kBlockM + mt * 16 + g + 8 * hf;
+            if (m < a.m_rows) {
+                if (whole) {
+                    int token, head;
+                    row_token_head<kSparse>(a, b, m, token, head);
+                    T* dst = reinterpret_cast<T*>(a.out) + token * a.out_ts + head * a.out_hs + warp * C::kODims + 2 * tq;
+#pragma unroll
+                    for (int n = 0; n < C::kONTiles; ++n) {
+                        *reinterpret_cast<uint32_t*>(dst + n * 8) =
+                            Elem<T>::pack(o[mt][n][2 * hf] * inv, o[mt][n][2 * hf + 1] * inv);
+                    }
+                    if (a.lse != nullptr && warp == 0 && tq == 0) {
+                        a.lse[token * a.lse_ts + head * a.lse_hs] = lse2 * kLn2;
+                    }
+                } else {
+                    const size_t row = static_cast<size_t>(slot) * a.m_rows + m;
+                    float* dst = a.ws_o + row * kLatentDim + warp * C::kODims + 2 * tq;
+#pragma unroll
+                    for (int n = 0; n < C::kONTiles; ++n) {
+                        *reinterpret_cast<float2*>(dst + n * 8) =
+                            make_float2(o[mt][n][2 * hf] * inv, o[mt][n][2 * hf + 1] * inv);
+                    }
+                    if (warp == 0 && tq == 0) a.ws_lse[row] = lse2;
+                }
+            }
+        }
+}
+
 template <typename T, bool kSparse, typename C>
 __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs a) {
     MLA_TRACE_AT(kTraceDecode, kTraceDecodeEntry);
@@ -498,41 +547,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
         // ---- end of a segment: normalize and write ----
         const bool seg_end = (x + 1 == hi) || (cc.j + 1 == cc.ntiles());
         if (seg_end) {
-            const bool whole = (seg_j0 == 0) && (cc.j + 1 == cc.ntiles());
-            const int slot = ws_slot(part, cc.b == first_req ? 0 : 1);
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-                for (int hf = 0; hf < 2; ++hf) {
-                    const float l = warp_sum4(l_run[mt][hf]);
-                    const float inv = l > 0.f ? fast_rcp(l) : 0.f;
-                    const float lse2 = l > 0.f ? m_run[mt][hf] + fast_log2(l) : -INFINITY;
-                    const int m = m_tile * C::kBlockM + mt * 16 + g + 8 * hf;
-                    if (m < a.m_rows) {
-                        if (whole) {
-                            int token, head;
-                            row_token_head<kSparse>(a, cc.b, m, token, head);
-                            T* dst = reinterpret_cast<T*>(a.out) + token * a.out_ts + head * a.out_hs + warp * C::kODims + 2 * tq;
-#pragma unroll
-                            for (int n = 0; n < C::kONTiles; ++n) {
-                                *reinterpret_cast<uint32_t*>(dst + n * 8) =
-                                    Elem<T>::pack(o[mt][n][2 * hf] * inv, o[mt][n][2 * hf + 1] * inv);
-                            }
-                            if (warp == 0 && tq == 0 && a.lse != nullptr) {
-                                a.lse[token * a.lse_ts + head * a.lse_hs] = lse2 * kLn2;
-                            }
-                        } else {
-                            const size_t row = static_cast<size_t>(slot) * a.m_rows + m;
-                            float* dst = a.ws_o + row * kLatentDim + warp * C::kODims + 2 * tq;
-#pragma unroll
-                            for (int n = 0; n < C::kONTiles; ++n) {
-                                *reinterpret_cast<float2*>(dst + n * 8) =
-                                    make_float2(o[mt][n][2 * hf] * inv, o[mt][n][2 * hf + 1] * inv);
-                            }
-                            if (warp == 0 && tq == 0) a.ws_lse[row] = lse2;
-                        }
-                    }
-                }
+            write_segment<T, kSparse, C>(a, cc, seg_j0, part, first_req, m_tile, g, warp, tq, o, m_run, l_run);
         }
         // Tile x+2 into this stage once every warp is done with it (and with q_s).
         bool ahead_next = false;
