@@ -171,6 +171,39 @@ __device__ __forceinline__ void load_q_frags(const DecodeArgs& a, int b, int m_t
 // the phases were written inline (it simplifies a function before inlining it; arithmetic on
 // lane ids inside a phase came out differently and moved registers at the 255 cap).
 
+// ---- phase: start a segment -----------------------------------------------------------------
+// At the first tile of a request in this part: this warp's Q fragments (A operands of its k16
+// steps kh * kSKSteps ..) from the staged Q tile (ldmatrix row qrow, 8-column half col_half;
+// the load was issued with the tile) or, without a Q tile, from global memory; and empty
+// accumulators (running max -inf, sum 0, o 0).
+template <typename C, bool kSparse>
+__device__ __forceinline__ void start_segment(const DecodeArgs& a, const uint8_t* q_s, int b, int m_tile, int qrow,
+                                              int kh, int col_half, uint32_t (&qf)[C::kMTiles][C::kSKSteps][4],
+                                              float (&m_run)[C::kMTiles][2], float (&l_run)[C::kMTiles][2],
+                                              float (&o)[C::kMTiles][C::kONTiles][4]) {
+    constexpr int kMT = C::kMTiles;
+    if constexpr (C::kQInSmem) {
+        const uint32_t q_base = smem_u32(q_s);
+#pragma unroll
+        for (int ks = 0; ks < C::kSKSteps; ++ks) {
+            const int kk = kh * C::kSKSteps + ks;
+            ldmatrix_x4(qf[0][ks], q_base + swz(qrow, kk * 2 + col_half) * 16);
+        }
+    } else {
+        load_q_frags<C, kSparse>(a, b, m_tile, kh, qf);
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            m_run[mt][hf] = -INFINITY;
+            l_run[mt][hf] = 0.f;
+        }
+#pragma unroll
+        for (int n = 0; n < C::kONTiles; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+    }
+}
+
 // ---- phase: scores --------------------------------------------------------------------
 // S = Q K^T for this warp's share: its 16 of the tile's 32 rows (ldmatrix row krow of the
 // staged tile) x the CTA's query rows (qf: A fragments of every m-tile), over its k16 steps
@@ -485,26 +518,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
         if ((a.pdl & MLA_PDL_TRIGGER_AT_LAST_TILE) && x + 1 == hi) grid_dependents_launch();
 
         if (seg_start) {
-            if constexpr (C::kQInSmem) {
-                const uint32_t q_base = smem_u32(sm.q());
-#pragma unroll
-                for (int ks = 0; ks < C::kSKSteps; ++ks) {
-                    const int kk = kh * C::kSKSteps + ks;
-                    ldmatrix_x4(qf[0][ks], q_base + swz((mat & 1) * 8 + mrow, kk * 2 + (mat >> 1)) * 16);
-                }
-            } else {
-                load_q_frags<C, kSparse>(a, cc.b, m_tile, kh, qf);
-            }
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-                for (int hf = 0; hf < 2; ++hf) {
-                    m_run[mt][hf] = -INFINITY;
-                    l_run[mt][hf] = 0.f;
-                }
-#pragma unroll
-                for (int n = 0; n < C::kONTiles; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
-            }
+            start_segment<C, kSparse>(a, sm.q(), cc.b, m_tile, (mat & 1) * 8 + mrow, kh, mat >> 1, qf, m_run, l_run, o);
             seg_j0 = cc.j;
         }
 
