@@ -20,6 +20,7 @@ namespace mla {
 // ldmatrix reads land in 8 different bank groups (a row is 1152 = 9*128 bytes).
 __device__ __forceinline__ int swz(int r, int c) { return r * kRowChunks + (c ^ (r & 7)); }
 
+// ---- loading a tile and the Q rows -----------------------------------------------------------
 // The raw table entry behind one tile row, read one iteration before the tile is issued
 // so that issuing never waits on a dependent load. Lanes 0..kRowsPerWarp-1 of each warp
 // own row warp*kRowsPerWarp+lane. The column is clamped into the table row; the length
@@ -164,12 +165,116 @@ __device__ __forceinline__ void load_q_frags(const DecodeArgs& a, int b, int m_t
     }
 }
 
-// The decode kernel is written as phases (wait for a tile, scores, sum the partials, softmax,
-// P V, write a finished segment, issue the next tile), each a __forceinline__ function. Their
-// arguments are prepared by the kernel: lane-derived operands (rows and columns a lane
-// addresses) are computed there, once, so that the compiler sees the same expressions as when
-// the phases were written inline (it simplifies a function before inlining it; arithmetic on
-// lane ids inside a phase came out differently and moved registers at the 255 cap).
+// ---- the tile pipeline ------------------------------------------------------------------------
+// The two-tiles-ahead cp.async double buffer: tile x (relative index x - lo) sits in stage
+// (x - lo) & 1; while the CTA computes tile x, tile x+1 is in flight into the other stage, and
+// tile x+2 is issued into tile x's stage as soon as tile x is computed, so at the wait for x+1,
+// x+2 is already loading. A tile that starts a segment (the first tile of a request in this
+// part) also loads the request's Q rows into the one Q tile (kQInSmem); when x+1 and x+2 both
+// start segments, x+2's Q rows would overwrite the Q tile before x+1 read them, so x+2 is then
+// issued at the top of iteration x+1 instead (after the Q read), as is the first tile of a
+// part's second segment. Each tile's table entries are read one iteration before it is
+// issued (resolve_row), so that issuing never waits on a dependent load.
+template <typename C, bool kSparse>
+struct TilePipeline {
+    Cursor cur;         // tile x, being computed
+    Cursor next;        // tile x+1
+    RowRaw next_raw;    // its table entries
+    Cursor after;       // tile x+2 (once issue_next ran)
+    RowRaw after_raw;   // its table entries
+
+    // The stage tile x sits in (the part's first tile, lo, in stage 0).
+    static __device__ __forceinline__ int stage_of(int x, int lo) { return (x - lo) & 1; }
+
+    // Issues the part's first tile (and its Q rows), and the second when it continues the
+    // same request; returns whether it did (tile lo+1 is then "ahead": its copies committed).
+    __device__ __forceinline__ bool start(const DecodeArgs& a, const Lens& lens, const SmemPlan<C>& sm, int m_tile,
+                                          int first_req, int first_j, int lo, int hi) {
+        cur = Cursor{first_req, first_j, lens.len(first_req)};
+        load_tile<C, kSparse>(a, cur, resolve_row<C, kSparse>(a, cur), sm.kv(0), sm.valid(0));
+        if constexpr (C::kQInSmem) load_q_smem<C, kSparse>(a, cur.b, m_tile, sm.q());
+        cp_async_commit();
+        next = cur;
+        next_raw = RowRaw{0};
+        bool ahead = false;
+        if (lo + 1 < hi) {
+            next.advance(lens);
+            next_raw = resolve_row<C, kSparse>(a, next);
+            if (next.j != 0) {  // same segment: no Q to load
+                load_tile<C, kSparse>(a, next, next_raw, sm.kv(1), sm.valid(1));
+                cp_async_commit();
+                ahead = true;
+            }
+        }
+        return ahead;
+    }
+
+    // Waits until tile x is in shared memory and every thread is past the previous tile.
+    __device__ __forceinline__ void wait(bool ahead) const {
+        if (ahead) {
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+    }
+
+    // After tile x's Q rows were read (seg_start: tile x started a segment): tile x+1, unless
+    // already issued (ahead), into the other stage (freed by the barrier of wait()); then the
+    // table entries of tile x+2. Returns whether tile x+1 starts a segment.
+    __device__ __forceinline__ bool issue_next(const DecodeArgs& a, const Lens& lens, const SmemPlan<C>& sm, int m_tile,
+                                               int stage, int x, int hi, bool ahead, bool seg_start) {
+        after = next;
+        after_raw = RowRaw{0};
+        const bool next_seg = x + 1 < hi && next.j == 0;
+        if (x + 1 < hi && !ahead) {
+            if (C::kQInSmem && seg_start && next_seg) __syncthreads();  // the Q tile was just read: let every warp finish
+            load_tile<C, kSparse>(a, next, next_raw, sm.kv(stage ^ 1), sm.valid(stage ^ 1));
+            if (C::kQInSmem && next_seg) load_q_smem<C, kSparse>(a, next.b, m_tile, sm.q());
+            cp_async_commit();
+        }
+        if (x + 2 < hi) {
+            after.advance(lens);
+            after_raw = resolve_row<C, kSparse>(a, after);
+        }
+        return next_seg;
+    }
+
+    // After tile x is computed: whether tile x+2 goes into tile x's stage now, or must wait
+    // for the next iteration (when tile x+1 starts a segment, next_seg, and so does x+2: its
+    // Q rows would overwrite x+1's).
+    __device__ __forceinline__ bool can_issue_after(int x, int hi, bool next_seg) const {
+        return x + 2 < hi && !(C::kQInSmem && next_seg && after.j == 0);
+    }
+
+    // Tile x+2 into tile x's stage (kv_cur), once every warp is done with it (and with the Q
+    // tile).
+    __device__ __forceinline__ void issue_after(const DecodeArgs& a, const SmemPlan<C>& sm, int m_tile, uint8_t* kv_cur,
+                                                int stage) const {
+        __syncthreads();
+        load_tile<C, kSparse>(a, after, after_raw, kv_cur, sm.valid(stage));
+        if (C::kQInSmem && after.j == 0) load_q_smem<C, kSparse>(a, after.b, m_tile, sm.q());
+        cp_async_commit();
+    }
+
+    // Tile x+1 becomes the current tile.
+    __device__ __forceinline__ void advance() {
+        cur = next;
+        next = after;
+        next_raw = after_raw;
+    }
+};
+
+// ---- the phases ---------------------------------------------------------------------------
+// The kernel's loop body is a sequence of phases, each a __forceinline__ function: wait for
+// tile x (TilePipeline::wait), start a segment (start_segment), issue the next tile
+// (TilePipeline::issue_next), scores (score_partials, sum_partials, read_scores), softmax
+// (softmax_tile), P V (pv_tile), write a finished segment (write_segment), issue the tile
+// after next (TilePipeline::issue_after). The kernel prepares their lane-dependent operands
+// (which row and 8-column half of a staged tile a lane addresses, its fragment row g and
+// column pair tq) once, so that the compiler sees the same expressions as when the phases
+// were written inline: arithmetic on lane ids inside a phase is simplified before inlining,
+// differently, and moved registers at the 255 cap.
 
 // ---- phase: start a segment -----------------------------------------------------------------
 // At the first tile of a request in this part: this warp's Q fragments (A operands of its k16
@@ -470,75 +575,43 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
     const int mat = lane >> 3, mrow = lane & 7;
     const int nh = warp % C::kSplitN, kh = warp / C::kSplitN;
 
-    // Two tiles in flight while the CTA waits: tile x+2 is issued into tile x's stage as
-    // soon as tile x is computed, so at the wait for x+1, x+2 is already loading. Its Q
-    // rows would overwrite q_s before x+1 read them when x+1 and x+2 both start segments;
-    // then x+2 is issued at the top of iteration x+1 instead (after the Q read), as is the
-    // first tile of a part's second segment. `ahead`: tile x+1's group is already committed.
-    Cursor cc{first_req, first_j, lens.len(first_req)};
-    load_tile<C, kSparse>(a, cc, resolve_row<C, kSparse>(a, cc), sm.kv(0), sm.valid(0));
-    if constexpr (C::kQInSmem) load_q_smem<C, kSparse>(a, cc.b, m_tile, sm.q());
-    cp_async_commit();
-    Cursor nc = cc;  // the next tile, its rows resolved one iteration ahead
-    RowRaw nraw{0};
-    bool ahead = false;
-    if (lo + 1 < hi) {
-        nc.advance(lens);
-        nraw = resolve_row<C, kSparse>(a, nc);
-        if (nc.j != 0) {  // same segment: no Q to load
-            load_tile<C, kSparse>(a, nc, nraw, sm.kv(1), sm.valid(1));
-            cp_async_commit();
-            ahead = true;
-        }
-    }
+    // The tiles in flight (cursors), whether tile x+1's copies are committed (ahead), whether
+    // tile x starts a segment; the first tile (and the second) issued.
+    TilePipeline<C, kSparse> pipe;
+    bool ahead = pipe.start(a, lens, sm, m_tile, first_req, first_j, lo, hi);
+    bool seg_start = true;
+    const Cursor& cc = pipe.cur;  // tile x
 
     constexpr int kMT = C::kMTiles;
     float o[kMT][C::kONTiles][4];
     float m_run[kMT][2], l_run[kMT][2];
     uint32_t qf[kMT][C::kSKSteps][4];
-    int seg_j0 = cc.j;
-    bool seg_start = true;
+    int seg_j0 = cc.j;  // the first tile of the current segment
 
     for (int x = lo; x < hi; ++x) {
-        const int stage = (x - lo) & 1;
+        const int stage = pipe.stage_of(x, lo);
         uint8_t* kv_cur = sm.kv(stage);
-        // sm.valid(stage), written out: through the accessor here the compiler orders the loop
-        // differently (other registers on sm_120)
+        // = sm.valid(stage), written out: through the accessor the compiler orders the loop's
+        // invariants differently (other registers on sm_120)
         const int32_t* valid_cur = sm.valid_ + stage * C::kBlockN;
-        if (ahead) {
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        // ---- wait for tile x ----
+        pipe.wait(ahead);
         if (x == lo) MLA_TRACE_AT(kTraceDecode, kTraceFirstTileIn);
         if (x + 1 == hi) MLA_TRACE_AT(kTraceDecode, kTraceLastTileIn);
         // Every trigger must come after this CTA's grid_dependency_wait(): combine_kernel
         // reads the lengths before its own wait, relying on that.
         if ((a.pdl & MLA_PDL_TRIGGER_AT_LAST_TILE) && x + 1 == hi) grid_dependents_launch();
 
+        // ---- start a segment: Q fragments, empty accumulators ----
         if (seg_start) {
             start_segment<C, kSparse>(a, sm.q(), cc.b, m_tile, (mat & 1) * 8 + mrow, kh, mat >> 1, qf, m_run, l_run, o);
             seg_j0 = cc.j;
         }
 
-        // Tile x+1, unless already issued, into the other stage (freed by the barrier
-        // above); the table entries of tile x+2, issued at the end of this iteration.
-        Cursor n2 = nc;
-        RowRaw n2raw{0};
-        const bool next_seg = x + 1 < hi && nc.j == 0;
-        if (x + 1 < hi && !ahead) {
-            if (C::kQInSmem && seg_start && next_seg) __syncthreads();  // q_s was just read: let every warp finish
-            load_tile<C, kSparse>(a, nc, nraw, sm.kv(stage ^ 1), sm.valid(stage ^ 1));
-            if (C::kQInSmem && next_seg) load_q_smem<C, kSparse>(a, nc.b, m_tile, sm.q());
-            cp_async_commit();
-        }
-        if (x + 2 < hi) {
-            n2.advance(lens);
-            n2raw = resolve_row<C, kSparse>(a, n2);
-        }
+        // ---- issue tile x+1 (unless ahead); resolve tile x+2's rows ----
+        const bool next_seg = pipe.issue_next(a, lens, sm, m_tile, stage, x, hi, ahead, seg_start);
 
-        // ---- S = Q K^T: this warp's 16 rows x 16 cache rows over its 288 dims ----
+        // ---- scores: S = Q K^T, this warp's 16 tile rows over its share of the QK width ----
         const uint32_t kv_base = smem_u32(kv_cur);
         score_partials<T, C>(kv_base, qf, nh * 16 + (mat >> 1) * 8 + mrow, kh * C::kSKSteps, mat & 1, part_s, warp,
                              lane);
@@ -549,32 +622,27 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
         }
         if (x == lo) MLA_TRACE_AT(kTraceDecode, kTraceFirstSDone);
 
-        // ---- full S (every warp, same order: identical in all warps), mask, online softmax ----
+        // ---- softmax: the full S (every warp reads it in the same order), mask, online softmax ----
         float s[kMT][4][4];
         read_scores<C>(part_s, lane, s);
         softmax_tile<C, kSparse>(a, s, valid_cur + 2 * tq, cc.j << kTileShift, cc.len, m_tile, g, tq, m_run, l_run, o);
 
-        // ---- O += P V over this warp's output dims (each V fragment serves every m-tile) ----
+        // ---- P V: O += P V over this warp's output dims ----
         pv_tile<T, C>(kv_base, s, (mat & 1) * 8 + mrow, warp, mat >> 1, o);
 
         if (x == lo) MLA_TRACE_AT(kTraceDecode, kTraceFirstPvDone);
-        // ---- end of a segment: normalize and write ----
+        // ---- write: at the end of a segment, normalize and write ----
         const bool seg_end = (x + 1 == hi) || (cc.j + 1 == cc.ntiles());
         if (seg_end) {
             write_segment<T, kSparse, C>(a, cc, seg_j0, part, first_req, m_tile, g, warp, tq, o, m_run, l_run);
         }
-        // Tile x+2 into this stage once every warp is done with it (and with q_s).
+        // ---- issue tile x+2 into this stage (or at the top of the next iteration); advance ----
         bool ahead_next = false;
-        if (x + 2 < hi && !(C::kQInSmem && next_seg && n2.j == 0)) {
-            __syncthreads();
-            load_tile<C, kSparse>(a, n2, n2raw, kv_cur, sm.valid(stage));
-            if (C::kQInSmem && n2.j == 0) load_q_smem<C, kSparse>(a, n2.b, m_tile, sm.q());
-            cp_async_commit();
+        if (pipe.can_issue_after(x, hi, next_seg)) {
+            pipe.issue_after(a, sm, m_tile, kv_cur, stage);
             ahead_next = true;
         }
-        cc = nc;
-        nc = n2;
-        nraw = n2raw;
+        pipe.advance();
         seg_start = next_seg;
         ahead = ahead_next;
     }
