@@ -10,15 +10,21 @@
 #include "common/trace.cuh"
 #include "decode/args.cuh"
 #include "decode/config.cuh"
+#include "decode/format.cuh"
 #include "decode/smem.cuh"
 #include "decode/split.cuh"
 
 namespace mla {
 
-// Swizzled position (in 16-byte chunks) of chunk c of row r in a tile of 72-chunk rows:
-// the low 3 bits of the chunk index are XORed with the row, so that the 8 rows an
-// ldmatrix reads land in 8 different bank groups (a row is 1152 = 9*128 bytes).
-__device__ __forceinline__ int swz(int r, int c) { return r * kRowChunks + (c ^ (r & 7)); }
+// The staged query tile: kBlockM rows of kQkDim values of the query's element type (16-byte
+// chunks; whatever the cache-row format, the query is f16/bf16). Swizzled position (in
+// 16-byte chunks) of chunk c of row r: the low 3 bits of the chunk index are XORed with the
+// row, so that the 8 rows an ldmatrix reads land in 8 different bank groups (a 576-wide row is
+// 9 x 128 bytes).
+template <typename C>
+__device__ __forceinline__ int q_chunk(int r, int c) {
+    return r * (C::kQRowBytes / 16) + (c ^ (r & 7));
+}
 
 // ---- loading a tile and the Q rows -----------------------------------------------------------
 // The raw table entry behind one tile row, read one iteration before the tile is issued
@@ -42,14 +48,16 @@ __device__ __forceinline__ RowRaw resolve_row(const DecodeArgs& a, const Cursor&
 }
 
 // Issue the cp.async loads of one tile. Lanes 0..kRowsPerWarp-1 turn their row's raw
-// entry into a byte offset (-1: invalid row, zero-filled and never read) and record a
-// fault; then the warp streams its rows, lane l copying chunks l, l+32 and l+64 of
-// each row (one shuffle per row, no division).
+// entry into the row's address (its block's base and its index in the block; the row format
+// makes a RowAddr of them; kNoRow: masked, zero-filled and never read) and record a fault;
+// then the warp streams its rows through the format's copy_row (one shuffle per row, no
+// division).
 template <typename C, bool kSparse>
 __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Cursor& c, const RowRaw& rr, uint8_t* kv_stage,
                                           int32_t* valid_stage) {
+    using Fmt = typename C::Format;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int64_t off = -1;
+    typename Fmt::RowAddr off = Fmt::kNoRow;
     if (lane < C::kRowsPerWarp) {
         const int r = warp * C::kRowsPerWarp + lane;
         const int pos = (c.j << kTileShift) + r;
@@ -58,42 +66,38 @@ __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Cursor& c, 
             if (kSparse) {
                 const int id = rr.entry;
                 if (id >= 0 && (id >> a.block_shift) < a.num_blocks) {
-                    off = (id >> a.block_shift) * a.block_stride + static_cast<int64_t>(id & bmask) * kRowBytes;
+                    off = Fmt::row_addr((id >> a.block_shift) * a.block_stride, id & bmask);
                 } else if (id != -1) {
                     record_fault(a.flag, MLA_FAULT_BAD_SLOT_ID, c.b, id);
                 }
             } else {
                 const int e = rr.entry;
                 if (e >= 0 && e < a.num_blocks) {
-                    off = e * a.block_stride + static_cast<int64_t>(pos & bmask) * kRowBytes;
+                    off = Fmt::row_addr(e * a.block_stride, pos & bmask);
                 } else {
                     record_fault(a.flag, MLA_FAULT_BAD_BLOCK_ID, c.b, e);
                 }
             }
         }
-        valid_stage[r] = off >= 0;
+        valid_stage[r] = Fmt::has_row(off);
     }
     const uint32_t kv_base = smem_u32(kv_stage);
 #pragma unroll
     for (int i = 0; i < C::kRowsPerWarp; ++i) {
-        const int64_t roff = __shfl_sync(0xffffffffu, off, i);
+        const typename Fmt::RowAddr roff = Fmt::shfl_row(off, i);
         const int row = warp * C::kRowsPerWarp + i;
-        const int bytes = roff >= 0 ? 16 : 0;
-        const uint8_t* src = a.cache + (roff >= 0 ? roff : 0) + lane * 16;
-        const uint32_t dst = kv_base + row * kRowBytes;
-        const int x = row & 7;
-#pragma unroll
-        for (int k = 0; k < 3; ++k) {
-            const int ch = lane + 32 * k;
-            if (k < 2 || ch < kRowChunks) cp_async_16(dst + ((ch ^ x) << 4), src + k * 512, bytes);
-        }
+        Fmt::copy_row(kv_base, row, a.cache, roff, lane);
     }
 }
 
 // At a segment start: the query rows of the tile's request into q_s (zero past m_rows),
-// in the same cp.async group as the tile.
+// in the same cp.async group as the tile: kQkDim values per row, the first kQkDim - kRopeDim
+// from q_nope, the rest from q_rope, laid out as q_chunk says.
 template <typename C, bool kSparse>
 __device__ __forceinline__ void load_q_smem(const DecodeArgs& a, int b, int m_tile, uint8_t* q_s) {
+    using Fmt = typename C::Format;
+    constexpr int kNopeChunks = (Fmt::kQkDim - Fmt::kRopeDim) * 2 / 16, kRopeChunks = Fmt::kRopeDim * 2 / 16;
+    static_assert(kNopeChunks == 64 && kRopeChunks <= 32, "lane l copies nope chunks l and l + 32, rope chunk l");
     const uint32_t q_base = smem_u32(q_s);
     // Warp w copies rows w*kRows.., one row at a time as load_tile does: the row's source
     // addresses once per warp, then lane l copies chunks l and l+32 of the 64 nope chunks
@@ -104,7 +108,7 @@ __device__ __forceinline__ void load_q_smem(const DecodeArgs& a, int b, int m_ti
     asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
     const int lane = tid & 31, warp = tid >> 5;
     constexpr int kRows = C::kBlockM / C::kWarps;
-    static_assert(kRows * C::kWarps == C::kBlockM && kRowChunks == 72, "rows split evenly over warps, 64 + 8 chunks");
+    static_assert(kRows * C::kWarps == C::kBlockM, "rows split evenly over warps");
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
         const int r = warp * kRows + i;
@@ -119,11 +123,12 @@ __device__ __forceinline__ void load_q_smem(const DecodeArgs& a, int b, int m_ti
             qr += (token * a.qr_ts + head * a.qr_hs) * 2;
             bytes = 16;
         }
-        const uint32_t dst = q_base + r * kRowBytes;
+        // the layout of q_chunk(r, c)
+        const uint32_t dst = q_base + r * C::kQRowBytes;
         const int x = r & 7;
         cp_async_16(dst + ((lane ^ x) << 4), qn + lane * 16, bytes);
         cp_async_16(dst + (((lane + 32) ^ x) << 4), qn + (lane + 32) * 16, bytes);
-        if (lane < 8) cp_async_16(dst + (((lane + 64) ^ x) << 4), qr + lane * 16, bytes);
+        if (lane < kRopeChunks) cp_async_16(dst + (((lane + 64) ^ x) << 4), qr + lane * 16, bytes);
     }
 }
 
@@ -133,6 +138,7 @@ __device__ __forceinline__ void load_q_smem(const DecodeArgs& a, int b, int m_ti
 template <typename C, bool kSparse>
 __device__ __forceinline__ void load_q_frags(const DecodeArgs& a, int b, int m_tile, int kh,
                                              uint32_t (&qf)[C::kMTiles][C::kSKSteps][4]) {
+    constexpr int kNopeDim = C::Format::kQkDim - C::Format::kRopeDim;  // dims from q_nope
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, tq = lane & 3;
 #pragma unroll
@@ -155,8 +161,8 @@ __device__ __forceinline__ void load_q_frags(const DecodeArgs& a, int b, int m_t
                     const int col = (kh * C::kSKSteps + ks) * 16 + 8 * c + 2 * tq;
                     uint32_t v = 0;
                     if (qn != nullptr) {
-                        v = col < kLatentDim ? *reinterpret_cast<const uint32_t*>(qn + col * 2)
-                                             : *reinterpret_cast<const uint32_t*>(qr + (col - kLatentDim) * 2);
+                        v = col < kNopeDim ? *reinterpret_cast<const uint32_t*>(qn + col * 2)
+                                           : *reinterpret_cast<const uint32_t*>(qr + (col - kNopeDim) * 2);
                     }
                     qf[mt][ks][hf + 2 * c] = v;
                 }
@@ -292,7 +298,7 @@ __device__ __forceinline__ void start_segment(const DecodeArgs& a, const uint8_t
 #pragma unroll
         for (int ks = 0; ks < C::kSKSteps; ++ks) {
             const int kk = kh * C::kSKSteps + ks;
-            ldmatrix_x4(qf[0][ks], q_base + swz(qrow, kk * 2 + col_half) * 16);
+            ldmatrix_x4(qf[0][ks], q_base + q_chunk<C>(qrow, kk * 2 + col_half) * 16);
         }
     } else {
         load_q_frags<C, kSparse>(a, b, m_tile, kh, qf);
@@ -334,7 +340,7 @@ __device__ __forceinline__ void score_partials(uint32_t kv_base, const uint32_t 
     for (int ks = 0; ks < C::kSKSteps; ++ks) {
         const int kk = kk0 + ks;
         uint32_t bfr[4];
-        ldmatrix_x4(bfr, kv_base + swz(krow, kk * 2 + col_half) * 16);
+        C::Format::k_frag(bfr, kv_base, krow, kk, col_half);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
             mma16816<T>(sacc[mt][0][ks % kPar], qf[mt][ks], bfr[0], bfr[1]);
@@ -491,7 +497,7 @@ __device__ __forceinline__ void pv_tile(uint32_t kv_base, const float (&s)[C::kM
 #pragma unroll
         for (int pr = 0; pr < C::kONTiles / 2; ++pr) {
             uint32_t bfr[4];
-            ldmatrix_x4_trans(bfr, kv_base + swz(vrow, (warp * C::kODims + pr * 16) / 8 + col_half) * 16);
+            C::Format::v_frag(bfr, kv_base, vrow, (warp * C::kODims + pr * 16) / 8 + col_half);
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt) {
                 mma16816<T>(o[mt][2 * pr], pa[mt], bfr[0], bfr[1]);
@@ -550,8 +556,11 @@ __device__ __forceinline__ void write_segment(const DecodeArgs& a, const Cursor&
         }
 }
 
-template <typename T, bool kSparse, typename C>
-__global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs a) {
+// Fmt: the cache-row format (decode/format.cuh); Tile: the tile configuration (config.cuh).
+template <typename Fmt, bool kSparse, typename Tile>
+__global__ void __launch_bounds__(Tile::kThreads, 1) decode_kernel(const DecodeArgs a) {
+    using C = KernelConfig<Fmt, Tile>;
+    using T = typename Fmt::Elem;
     MLA_TRACE_AT(kTraceDecode, kTraceDecodeEntry);
     grid_dependency_wait();
     MLA_TRACE_AT(kTraceDecode, kTraceDecodeWaitDone);
