@@ -6,6 +6,7 @@ use cudarc::driver::sys::CUdevice_attribute as Attr;
 use cudarc::driver::{result, CudaContext, CudaSlice, CudaStream, DevicePtr, SyncOnDrop};
 
 use crate::error::{Error, Result};
+use crate::ffi;
 use crate::tensor::buf_of;
 use crate::validate::Buf;
 
@@ -82,15 +83,23 @@ pub enum FaultCode {
 }
 
 impl FaultCode {
+    // The codes are the C header's `mla_fault_code_t` (through bindgen): defined once.
+    const BAD_BLOCK_ID: u32 = ffi::mla_fault_code_t::MLA_FAULT_BAD_BLOCK_ID as u32;
+    const NEGATIVE_SEQ_LEN: u32 = ffi::mla_fault_code_t::MLA_FAULT_NEGATIVE_SEQ_LEN as u32;
+    const SEQ_LEN_TOO_LARGE: u32 = ffi::mla_fault_code_t::MLA_FAULT_SEQ_LEN_TOO_LARGE as u32;
+    const BAD_SLOT_ID: u32 = ffi::mla_fault_code_t::MLA_FAULT_BAD_SLOT_ID as u32;
+    const BAD_REQ_ID: u32 = ffi::mla_fault_code_t::MLA_FAULT_BAD_REQ_ID as u32;
+    const BAD_APPEND_SLOT: u32 = ffi::mla_fault_code_t::MLA_FAULT_BAD_APPEND_SLOT as u32;
+
     /// The code of a non-zero word 0.
     pub fn from_u32(code: u32) -> FaultCode {
         match code {
-            1 => FaultCode::BadBlockId,
-            2 => FaultCode::NegativeSeqLen,
-            3 => FaultCode::SeqLenTooLarge,
-            4 => FaultCode::BadSlotId,
-            5 => FaultCode::BadReqId,
-            6 => FaultCode::BadAppendSlot,
+            Self::BAD_BLOCK_ID => FaultCode::BadBlockId,
+            Self::NEGATIVE_SEQ_LEN => FaultCode::NegativeSeqLen,
+            Self::SEQ_LEN_TOO_LARGE => FaultCode::SeqLenTooLarge,
+            Self::BAD_SLOT_ID => FaultCode::BadSlotId,
+            Self::BAD_REQ_ID => FaultCode::BadReqId,
+            Self::BAD_APPEND_SLOT => FaultCode::BadAppendSlot,
             c => FaultCode::Unknown(c),
         }
     }
@@ -98,12 +107,12 @@ impl FaultCode {
     /// The numeric code (`mla_fault_code_t`).
     pub fn as_u32(self) -> u32 {
         match self {
-            FaultCode::BadBlockId => 1,
-            FaultCode::NegativeSeqLen => 2,
-            FaultCode::SeqLenTooLarge => 3,
-            FaultCode::BadSlotId => 4,
-            FaultCode::BadReqId => 5,
-            FaultCode::BadAppendSlot => 6,
+            FaultCode::BadBlockId => Self::BAD_BLOCK_ID,
+            FaultCode::NegativeSeqLen => Self::NEGATIVE_SEQ_LEN,
+            FaultCode::SeqLenTooLarge => Self::SEQ_LEN_TOO_LARGE,
+            FaultCode::BadSlotId => Self::BAD_SLOT_ID,
+            FaultCode::BadReqId => Self::BAD_REQ_ID,
+            FaultCode::BadAppendSlot => Self::BAD_APPEND_SLOT,
             FaultCode::Unknown(c) => c,
         }
     }
