@@ -4,23 +4,25 @@ use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 
 use crate::ffi;
 
-/// Width of a query row and of a cache row: 512 latent dims then 64 RoPE dims.
-pub const HEAD_DIM: usize = 576;
-/// `kv_lora_rank`: the latent part of a row, also the output (V) width.
-pub const LATENT_DIM: usize = 512;
-/// The RoPE part of a row (`qk_rope_head_dim`).
-pub const ROPE_DIM: usize = 64;
-/// Most query heads one call handles (heads per GPU).
-pub const MAX_HEADS: usize = 128;
-/// Most query rows per request in dense decode (MTP / speculative decoding).
-pub const MAX_Q_LEN: usize = 8;
-/// Most sparse indices per query token.
-pub const MAX_TOPK: usize = 4096;
+// The dims and limits are the C header's (`csrc/mla_decode.h`, through bindgen): defined once.
+
+/// Width of a query row and of a cache row: 512 latent dims then 64 RoPE dims (576).
+pub const HEAD_DIM: usize = ffi::MLA_HEAD_DIM as usize;
+/// `kv_lora_rank`: the latent part of a row, also the output (V) width (512).
+pub const LATENT_DIM: usize = ffi::MLA_LATENT_DIM as usize;
+/// The RoPE part of a row (`qk_rope_head_dim`, 64).
+pub const ROPE_DIM: usize = ffi::MLA_ROPE_DIM as usize;
+/// Most query heads one call handles (heads per GPU, 128).
+pub const MAX_HEADS: usize = ffi::MLA_MAX_HEADS as usize;
+/// Most query rows per request in dense decode (MTP / speculative decoding, 8).
+pub const MAX_Q_LEN: usize = ffi::MLA_MAX_Q_LEN as usize;
+/// Most sparse indices per query token (4096).
+pub const MAX_TOPK: usize = ffi::MLA_MAX_TOPK as usize;
 /// Block sizes (cache rows per block) the kernels accept.
 pub const BLOCK_SIZES: [usize; 4] = [16, 32, 64, 128];
 /// Most query tokens one [`gather_slots`](crate::gather_slots) call takes (the kernel puts
 /// tokens on the grid's y axis).
-pub const MAX_GATHER_TOKENS: usize = 65_535;
+pub const MAX_GATHER_TOKENS: usize = ffi::MLA_MAX_GATHER_TOKENS as usize;
 
 /// Element type of q, out and an f16/bf16 cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -156,9 +158,9 @@ impl KvFormat {
     /// Bytes of one cache row: 1152, 1152, 656 or 576.
     pub const fn row_bytes(self) -> usize {
         match self {
-            KvFormat::F16 | KvFormat::Bf16 => 2 * HEAD_DIM,
-            KvFormat::Fp8DsMla => LATENT_DIM + 4 * 4 + 2 * ROPE_DIM,
-            KvFormat::Fp8PerTensor => HEAD_DIM,
+            KvFormat::F16 | KvFormat::Bf16 => ffi::MLA_ROW_BYTES_16 as usize,
+            KvFormat::Fp8DsMla => ffi::MLA_ROW_BYTES_FP8_DS_MLA as usize,
+            KvFormat::Fp8PerTensor => ffi::MLA_ROW_BYTES_FP8 as usize,
         }
     }
 
@@ -229,18 +231,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn constants_match_the_header() {
-        assert_eq!(HEAD_DIM, ffi::MLA_HEAD_DIM as usize);
-        assert_eq!(LATENT_DIM, ffi::MLA_LATENT_DIM as usize);
-        assert_eq!(ROPE_DIM, ffi::MLA_ROPE_DIM as usize);
+    fn constants_are_consistent() {
+        assert_eq!((HEAD_DIM, LATENT_DIM, ROPE_DIM), (576, 512, 64));
         assert_eq!(LATENT_DIM + ROPE_DIM, HEAD_DIM);
-        assert_eq!(MAX_HEADS, ffi::MLA_MAX_HEADS as usize);
-        assert_eq!(MAX_Q_LEN, ffi::MLA_MAX_Q_LEN as usize);
-        assert_eq!(MAX_TOPK, ffi::MLA_MAX_TOPK as usize);
-        assert_eq!(KvFormat::Bf16.row_bytes(), ffi::MLA_ROW_BYTES_16 as usize);
+        assert_eq!((MAX_HEADS, MAX_Q_LEN, MAX_TOPK), (128, 8, 4096));
+        // the row layouts the header's byte counts stand for
+        assert_eq!(KvFormat::Bf16.row_bytes(), 2 * HEAD_DIM);
         assert_eq!(
             KvFormat::Fp8DsMla.row_bytes(),
-            ffi::MLA_ROW_BYTES_FP8_DS_MLA as usize
+            LATENT_DIM + 4 * 4 + 2 * ROPE_DIM
         );
         for f in KvFormat::ALL {
             assert_eq!(KvFormat::ALL[f.to_ffi() as usize], f);

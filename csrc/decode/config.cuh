@@ -1,9 +1,13 @@
 // The decode kernel's tile configurations: TileConfig (rows, warps, how the warps split the
-// two products, the shared-memory arithmetic checked against sm_120), the three in use, and
-// the one mapping from a schedule's (warps, block_m) to a configuration.
+// two products), the three in use, the one mapping from a schedule's (warps, block_m) to a
+// configuration, and KernelConfig: a configuration applied to a cache-row format
+// (decode/format.cuh), with the shared-memory arithmetic checked against sm_120.
 #pragma once
 
+#include <cuda_bf16.h>
+
 #include "common/constants.cuh"
+#include "decode/format.cuh"
 
 namespace mla {
 
@@ -23,32 +27,52 @@ struct TileConfig {
     static constexpr int kStages = 2;
     static constexpr int kWarps = kWarps_;
     static constexpr int kThreads = kWarps * 32;
-    // S = Q K^T: warps split the tile's rows (kSplitN) and the 576 dims (kSplitK)
+    // S = Q K^T: warps split the tile's rows (kSplitN) and the QK width (kSplitK)
     static constexpr int kSplitN = 2;
     static constexpr int kSplitK = kWarps / kSplitN;
     static constexpr int kSNTiles = kBlockN / 8 / kSplitN;       // n8 tiles of S per warp
-    static constexpr int kSKSteps = kHeadDim / 16 / kSplitK;     // k16 steps per warp
-    // O += P V: warps split the 512 output dims
-    static constexpr int kODims = kLatentDim / kWarps;           // 128 or 64
-    static constexpr int kONTiles = kODims / 8;                  // 16 or 8
     static constexpr int kRowsPerWarp = kBlockN / kWarps;        // tile rows each warp loads
-    // shared memory
-    static constexpr int kKvStageBytes = kBlockN * kRowBytes;    // 36,864
-    static constexpr int kQBytes = kQInSmem ? kBlockM * kRowBytes : 0;  // 18,432
+    // shared memory that does not depend on the row format
     static constexpr int kPartialBytes = kWarps * kMTiles * kSNTiles * 32 * 16;
     static constexpr int kValidBytes = kStages * kBlockN * 4;
-    static constexpr int kSmemBytes = kStages * kKvStageBytes + kQBytes + kPartialBytes + kValidBytes;
 
     static_assert(kWarps == 4 || kWarps == 8, "warp counts the S reduction handles");
     static_assert(kMTiles == 1 || (kMTiles == 2 && kWarps == 8), "two m-tiles only with 8 warps");
     static_assert(kSplitN * kSplitK == kWarps, "warp split");
-    static_assert(kSKSteps * 16 * kSplitK == kHeadDim, "k split");
     static_assert(kSNTiles == 2, "S code handles two n8 tiles per warp (one ldmatrix.x4)");
     static_assert(kBlockN % 16 == 0 && kBlockN / 8 == 4, "softmax/PV code assumes 32-row tiles");
-    static_assert(kONTiles % 2 == 0, "PV loads two n8 tiles per ldmatrix");
+};
+
+// A tile configuration applied to cache-row format Fmt (decode/format.cuh): the QK width each
+// warp covers, the output dims each warp owns, and the dynamic shared memory (SmemPlan,
+// decode/smem.cuh), checked here against sm_120: a format and configuration that do not fit
+// do not compile.
+template <typename Fmt, typename Tile>
+struct KernelConfig : Tile {
+    using Format = Fmt;
+    // S = Q K^T: k16 steps of the QK width per warp
+    static constexpr int kSKSteps = Fmt::kQkDim / 16 / Tile::kSplitK;
+    // O += P V: warps split the kVDim output dims
+    static constexpr int kODims = Fmt::kVDim / Tile::kWarps;        // 128 or 64
+    static constexpr int kONTiles = kODims / 8;                     // 16 or 8
+    // shared memory
+    static constexpr int kKvStageBytes = Tile::kBlockN * Fmt::kSmemRowBytes;     // 36,864 (f16)
+    static constexpr int kQRowBytes = Fmt::kQkDim * 2;                           // a staged query row
+    static constexpr int kQBytes = Tile::kQInSmem ? Tile::kBlockM * kQRowBytes : 0;  // 18,432 (576 wide)
+    static constexpr int kSmemBytes =
+        Tile::kStages * kKvStageBytes + kQBytes + Tile::kPartialBytes + Tile::kValidBytes;
+
+    static_assert(kSKSteps * 16 * Tile::kSplitK == Fmt::kQkDim, "k split");
+    static_assert(kODims * Tile::kWarps == Fmt::kVDim && kONTiles % 2 == 0, "PV loads two n8 tiles per ldmatrix");
+    static_assert(kKvStageBytes % 128 == 0 && kQBytes % 128 == 0, "buffers stay 128-byte aligned");
     static_assert(kSmemBytes <= kSm120SmemPerBlock, "tile configuration exceeds sm_120's 99 KB per block");
     static_assert(kSmemBytes + 1024 <= kSm120SmemPerSm, "one CTA must fit an sm_120 SM");
 };
+
+// What the schedule and the launch size shared memory with: f16 and bf16 rows (the formats
+// decoded today) need the same.
+template <typename Tile>
+using KernelConfig16 = KernelConfig<RowF16<__nv_bfloat16>, Tile>;
 using Cfg = TileConfig<4>;   // the shared constants (block sizes) and the streaming configuration
 using Cfg8 = TileConfig<8>;
 using CfgWide = TileConfig<8, 2>;  // 32 query rows per CTA: many heads

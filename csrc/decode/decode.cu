@@ -42,7 +42,7 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& a, cudaStre
     const mla_schedule_internal_t& in = s->internal;
     MLA_CUDA_TRY(with_config(in.warps, in.block_m, [&](auto c) {
         using C = decltype(c);
-        return launch_pdl(decode_kernel<T, kSparse, C>, grid, C::kThreads, s->smem_bytes, st, in.pdl, a);
+        return launch_pdl(decode_kernel<RowF16<T>, kSparse, C>, grid, C::kThreads, s->smem_bytes, st, in.pdl, a);
     }));
     MLA_CUDA_TRY((launch_pdl(combine, cgrid, kCombineWarps * 32, 0, st, in.pdl, a)));
     return MLA_STATUS_OK;
@@ -61,7 +61,8 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
     MLA_CHECK((in.warps == 4 || in.warps == 8) && (in.block_m == 16 || (in.block_m == 32 && in.warps == 8)),
               "s.internal: warps %d, block_m %d is not a configuration", in.warps, in.block_m);
     MLA_CHECK((in.pdl & ~MLA_PDL_ALL) == 0, "s.internal.pdl: %d", in.pdl);
-    const int need_smem = with_config(in.warps, in.block_m, [](auto c) { return decltype(c)::kSmemBytes; });
+    const int need_smem =
+        with_config(in.warps, in.block_m, [](auto c) { return KernelConfig16<decltype(c)>::kSmemBytes; });
     MLA_CHECK(s->smem_bytes >= need_smem && s->num_m_tiles == (a.m_rows + in.block_m - 1) / in.block_m &&
                   s->num_parts >= 1,
               "s: smem_bytes, num_m_tiles or num_parts do not match the configuration (edited by hand?)");
@@ -190,7 +191,7 @@ cudaError_t set_smem_attr(int bytes) {
     cudaError_t e = cudaSuccess;
     for_each_config([&](auto c) {
         if (e == cudaSuccess)
-            e = cudaFuncSetAttribute(decode_kernel<T, kSparse, decltype(c)>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+            e = cudaFuncSetAttribute(decode_kernel<RowF16<T>, kSparse, decltype(c)>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      bytes);
     });
     return e;
@@ -209,7 +210,7 @@ cudaError_t mla::decode_allow_smem(int bytes) {
 cudaError_t mla::decode_ctas_per_sm(int warps, int block_m, int smem, int* ctas) {
     return with_config(warps, block_m, [&](auto c) {
         using C = decltype(c);
-        return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, decode_kernel<__nv_bfloat16, false, C>,
+        return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, decode_kernel<RowF16<__nv_bfloat16>, false, C>,
                                                              C::kThreads, smem);
     });
 }

@@ -10,16 +10,23 @@
 #include "common/trace.cuh"
 #include "decode/args.cuh"
 #include "decode/config.cuh"
+#include "decode/format.cuh"
 #include "decode/smem.cuh"
 #include "decode/split.cuh"
 
 namespace mla {
 
-// Swizzled position (in 16-byte chunks) of chunk c of row r in a tile of 72-chunk rows:
-// the low 3 bits of the chunk index are XORed with the row, so that the 8 rows an
-// ldmatrix reads land in 8 different bank groups (a row is 1152 = 9*128 bytes).
-__device__ __forceinline__ int swz(int r, int c) { return r * kRowChunks + (c ^ (r & 7)); }
+// The staged query tile: kBlockM rows of kQkDim values of the query's element type (16-byte
+// chunks; whatever the cache-row format, the query is f16/bf16). Swizzled position (in
+// 16-byte chunks) of chunk c of row r: the low 3 bits of the chunk index are XORed with the
+// row, so that the 8 rows an ldmatrix reads land in 8 different bank groups (a 576-wide row is
+// 9 x 128 bytes).
+template <typename C>
+__device__ __forceinline__ int q_chunk(int r, int c) {
+    return r * (C::kQRowBytes / 16) + (c ^ (r & 7));
+}
 
+// ---- loading a tile and the Q rows -----------------------------------------------------------
 // The raw table entry behind one tile row, read one iteration before the tile is issued
 // so that issuing never waits on a dependent load. Lanes 0..kRowsPerWarp-1 of each warp
 // own row warp*kRowsPerWarp+lane. The column is clamped into the table row; the length
@@ -41,14 +48,16 @@ __device__ __forceinline__ RowRaw resolve_row(const DecodeArgs& a, const Cursor&
 }
 
 // Issue the cp.async loads of one tile. Lanes 0..kRowsPerWarp-1 turn their row's raw
-// entry into a byte offset (-1: invalid row, zero-filled and never read) and record a
-// fault; then the warp streams its rows, lane l copying chunks l, l+32 and l+64 of
-// each row (one shuffle per row, no division).
+// entry into the row's address (its block's base and its index in the block; the row format
+// makes a RowAddr of them; kNoRow: masked, zero-filled and never read) and record a fault;
+// then the warp streams its rows through the format's copy_row (one shuffle per row, no
+// division).
 template <typename C, bool kSparse>
 __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Cursor& c, const RowRaw& rr, uint8_t* kv_stage,
                                           int32_t* valid_stage) {
+    using Fmt = typename C::Format;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int64_t off = -1;
+    typename Fmt::RowAddr off = Fmt::kNoRow;
     if (lane < C::kRowsPerWarp) {
         const int r = warp * C::kRowsPerWarp + lane;
         const int pos = (c.j << kTileShift) + r;
@@ -57,42 +66,38 @@ __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Cursor& c, 
             if (kSparse) {
                 const int id = rr.entry;
                 if (id >= 0 && (id >> a.block_shift) < a.num_blocks) {
-                    off = (id >> a.block_shift) * a.block_stride + static_cast<int64_t>(id & bmask) * kRowBytes;
+                    off = Fmt::row_addr((id >> a.block_shift) * a.block_stride, id & bmask);
                 } else if (id != -1) {
                     record_fault(a.flag, MLA_FAULT_BAD_SLOT_ID, c.b, id);
                 }
             } else {
                 const int e = rr.entry;
                 if (e >= 0 && e < a.num_blocks) {
-                    off = e * a.block_stride + static_cast<int64_t>(pos & bmask) * kRowBytes;
+                    off = Fmt::row_addr(e * a.block_stride, pos & bmask);
                 } else {
                     record_fault(a.flag, MLA_FAULT_BAD_BLOCK_ID, c.b, e);
                 }
             }
         }
-        valid_stage[r] = off >= 0;
+        valid_stage[r] = Fmt::has_row(off);
     }
     const uint32_t kv_base = smem_u32(kv_stage);
 #pragma unroll
     for (int i = 0; i < C::kRowsPerWarp; ++i) {
-        const int64_t roff = __shfl_sync(0xffffffffu, off, i);
+        const typename Fmt::RowAddr roff = Fmt::shfl_row(off, i);
         const int row = warp * C::kRowsPerWarp + i;
-        const int bytes = roff >= 0 ? 16 : 0;
-        const uint8_t* src = a.cache + (roff >= 0 ? roff : 0) + lane * 16;
-        const uint32_t dst = kv_base + row * kRowBytes;
-        const int x = row & 7;
-#pragma unroll
-        for (int k = 0; k < 3; ++k) {
-            const int ch = lane + 32 * k;
-            if (k < 2 || ch < kRowChunks) cp_async_16(dst + ((ch ^ x) << 4), src + k * 512, bytes);
-        }
+        Fmt::copy_row(kv_base, row, a.cache, roff, lane);
     }
 }
 
 // At a segment start: the query rows of the tile's request into q_s (zero past m_rows),
-// in the same cp.async group as the tile.
+// in the same cp.async group as the tile: kQkDim values per row, the first kQkDim - kRopeDim
+// from q_nope, the rest from q_rope, laid out as q_chunk says.
 template <typename C, bool kSparse>
 __device__ __forceinline__ void load_q_smem(const DecodeArgs& a, int b, int m_tile, uint8_t* q_s) {
+    using Fmt = typename C::Format;
+    constexpr int kNopeChunks = (Fmt::kQkDim - Fmt::kRopeDim) * 2 / 16, kRopeChunks = Fmt::kRopeDim * 2 / 16;
+    static_assert(kNopeChunks == 64 && kRopeChunks <= 32, "lane l copies nope chunks l and l + 32, rope chunk l");
     const uint32_t q_base = smem_u32(q_s);
     // Warp w copies rows w*kRows.., one row at a time as load_tile does: the row's source
     // addresses once per warp, then lane l copies chunks l and l+32 of the 64 nope chunks
@@ -103,7 +108,7 @@ __device__ __forceinline__ void load_q_smem(const DecodeArgs& a, int b, int m_ti
     asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
     const int lane = tid & 31, warp = tid >> 5;
     constexpr int kRows = C::kBlockM / C::kWarps;
-    static_assert(kRows * C::kWarps == C::kBlockM && kRowChunks == 72, "rows split evenly over warps, 64 + 8 chunks");
+    static_assert(kRows * C::kWarps == C::kBlockM, "rows split evenly over warps");
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
         const int r = warp * kRows + i;
@@ -118,11 +123,12 @@ __device__ __forceinline__ void load_q_smem(const DecodeArgs& a, int b, int m_ti
             qr += (token * a.qr_ts + head * a.qr_hs) * 2;
             bytes = 16;
         }
-        const uint32_t dst = q_base + r * kRowBytes;
+        // the layout of q_chunk(r, c)
+        const uint32_t dst = q_base + r * C::kQRowBytes;
         const int x = r & 7;
         cp_async_16(dst + ((lane ^ x) << 4), qn + lane * 16, bytes);
         cp_async_16(dst + (((lane + 32) ^ x) << 4), qn + (lane + 32) * 16, bytes);
-        if (lane < 8) cp_async_16(dst + (((lane + 64) ^ x) << 4), qr + lane * 16, bytes);
+        if (lane < kRopeChunks) cp_async_16(dst + (((lane + 64) ^ x) << 4), qr + lane * 16, bytes);
     }
 }
 
@@ -132,6 +138,7 @@ __device__ __forceinline__ void load_q_smem(const DecodeArgs& a, int b, int m_ti
 template <typename C, bool kSparse>
 __device__ __forceinline__ void load_q_frags(const DecodeArgs& a, int b, int m_tile, int kh,
                                              uint32_t (&qf)[C::kMTiles][C::kSKSteps][4]) {
+    constexpr int kNopeDim = C::Format::kQkDim - C::Format::kRopeDim;  // dims from q_nope
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, tq = lane & 3;
 #pragma unroll
@@ -154,8 +161,8 @@ __device__ __forceinline__ void load_q_frags(const DecodeArgs& a, int b, int m_t
                     const int col = (kh * C::kSKSteps + ks) * 16 + 8 * c + 2 * tq;
                     uint32_t v = 0;
                     if (qn != nullptr) {
-                        v = col < kLatentDim ? *reinterpret_cast<const uint32_t*>(qn + col * 2)
-                                             : *reinterpret_cast<const uint32_t*>(qr + (col - kLatentDim) * 2);
+                        v = col < kNopeDim ? *reinterpret_cast<const uint32_t*>(qn + col * 2)
+                                           : *reinterpret_cast<const uint32_t*>(qr + (col - kNopeDim) * 2);
                     }
                     qf[mt][ks][hf + 2 * c] = v;
                 }
@@ -164,8 +171,396 @@ __device__ __forceinline__ void load_q_frags(const DecodeArgs& a, int b, int m_t
     }
 }
 
+// ---- the tile pipeline ------------------------------------------------------------------------
+// The two-tiles-ahead cp.async double buffer: tile x (relative index x - lo) sits in stage
+// (x - lo) & 1; while the CTA computes tile x, tile x+1 is in flight into the other stage, and
+// tile x+2 is issued into tile x's stage as soon as tile x is computed, so at the wait for x+1,
+// x+2 is already loading. A tile that starts a segment (the first tile of a request in this
+// part) also loads the request's Q rows into the one Q tile (kQInSmem); when x+1 and x+2 both
+// start segments, x+2's Q rows would overwrite the Q tile before x+1 read them, so x+2 is then
+// issued at the top of iteration x+1 instead (after the Q read), as is the first tile of a
+// part's second segment. Each tile's table entries are read one iteration before it is
+// issued (resolve_row), so that issuing never waits on a dependent load.
+template <typename C, bool kSparse>
+struct TilePipeline {
+    Cursor cur;         // tile x, being computed
+    Cursor next;        // tile x+1
+    RowRaw next_raw;    // its table entries
+    Cursor after;       // tile x+2 (once issue_next ran)
+    RowRaw after_raw;   // its table entries
+
+    // The stage tile x sits in (the part's first tile, lo, in stage 0).
+    static __device__ __forceinline__ int stage_of(int x, int lo) { return (x - lo) & 1; }
+
+    // Issues the part's first tile (and its Q rows), and the second when it continues the
+    // same request; returns whether it did (tile lo+1 is then "ahead": its copies committed).
+    __device__ __forceinline__ bool start(const DecodeArgs& a, const Lens& lens, const SmemPlan<C>& sm, int m_tile,
+                                          int first_req, int first_j, int lo, int hi) {
+        cur = Cursor{first_req, first_j, lens.len(first_req)};
+        load_tile<C, kSparse>(a, cur, resolve_row<C, kSparse>(a, cur), sm.kv(0), sm.valid(0));
+        if constexpr (C::kQInSmem) load_q_smem<C, kSparse>(a, cur.b, m_tile, sm.q());
+        cp_async_commit();
+        next = cur;
+        next_raw = RowRaw{0};
+        bool ahead = false;
+        if (lo + 1 < hi) {
+            next.advance(lens);
+            next_raw = resolve_row<C, kSparse>(a, next);
+            if (next.j != 0) {  // same segment: no Q to load
+                load_tile<C, kSparse>(a, next, next_raw, sm.kv(1), sm.valid(1));
+                cp_async_commit();
+                ahead = true;
+            }
+        }
+        return ahead;
+    }
+
+    // Waits until tile x is in shared memory and every thread is past the previous tile.
+    __device__ __forceinline__ void wait(bool ahead) const {
+        if (ahead) {
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+    }
+
+    // After tile x's Q rows were read (seg_start: tile x started a segment): tile x+1, unless
+    // already issued (ahead), into the other stage (freed by the barrier of wait()); then the
+    // table entries of tile x+2. Returns whether tile x+1 starts a segment.
+    __device__ __forceinline__ bool issue_next(const DecodeArgs& a, const Lens& lens, const SmemPlan<C>& sm, int m_tile,
+                                               int stage, int x, int hi, bool ahead, bool seg_start) {
+        after = next;
+        after_raw = RowRaw{0};
+        const bool next_seg = x + 1 < hi && next.j == 0;
+        if (x + 1 < hi && !ahead) {
+            if (C::kQInSmem && seg_start && next_seg) __syncthreads();  // the Q tile was just read: let every warp finish
+            load_tile<C, kSparse>(a, next, next_raw, sm.kv(stage ^ 1), sm.valid(stage ^ 1));
+            if (C::kQInSmem && next_seg) load_q_smem<C, kSparse>(a, next.b, m_tile, sm.q());
+            cp_async_commit();
+        }
+        if (x + 2 < hi) {
+            after.advance(lens);
+            after_raw = resolve_row<C, kSparse>(a, after);
+        }
+        return next_seg;
+    }
+
+    // After tile x is computed: whether tile x+2 goes into tile x's stage now, or must wait
+    // for the next iteration (when tile x+1 starts a segment, next_seg, and so does x+2: its
+    // Q rows would overwrite x+1's).
+    __device__ __forceinline__ bool can_issue_after(int x, int hi, bool next_seg) const {
+        return x + 2 < hi && !(C::kQInSmem && next_seg && after.j == 0);
+    }
+
+    // Tile x+2 into tile x's stage (kv_cur), once every warp is done with it (and with the Q
+    // tile).
+    __device__ __forceinline__ void issue_after(const DecodeArgs& a, const SmemPlan<C>& sm, int m_tile, uint8_t* kv_cur,
+                                                int stage) const {
+        __syncthreads();
+        load_tile<C, kSparse>(a, after, after_raw, kv_cur, sm.valid(stage));
+        if (C::kQInSmem && after.j == 0) load_q_smem<C, kSparse>(a, after.b, m_tile, sm.q());
+        cp_async_commit();
+    }
+
+    // Tile x+1 becomes the current tile.
+    __device__ __forceinline__ void advance() {
+        cur = next;
+        next = after;
+        next_raw = after_raw;
+    }
+};
+
+// ---- the phases ---------------------------------------------------------------------------
+// The kernel's loop body is a sequence of phases, each a __forceinline__ function: wait for
+// tile x (TilePipeline::wait), start a segment (start_segment), issue the next tile
+// (TilePipeline::issue_next), scores (score_partials, sum_partials, read_scores), softmax
+// (softmax_tile), P V (pv_tile), write a finished segment (write_segment), issue the tile
+// after next (TilePipeline::issue_after). The kernel prepares their lane-dependent operands
+// (which row and 8-column half of a staged tile a lane addresses, its fragment row g and
+// column pair tq) once, so that the compiler sees the same expressions as when the phases
+// were written inline: arithmetic on lane ids inside a phase is simplified before inlining,
+// differently, and moved registers at the 255 cap.
+
+// ---- phase: start a segment -----------------------------------------------------------------
+// At the first tile of a request in this part: this warp's Q fragments (A operands of its k16
+// steps kh * kSKSteps ..) from the staged Q tile (ldmatrix row qrow, 8-column half col_half;
+// the load was issued with the tile) or, without a Q tile, from global memory; and empty
+// accumulators (running max -inf, sum 0, o 0).
+template <typename C, bool kSparse>
+__device__ __forceinline__ void start_segment(const DecodeArgs& a, const uint8_t* q_s, int b, int m_tile, int qrow,
+                                              int kh, int col_half, uint32_t (&qf)[C::kMTiles][C::kSKSteps][4],
+                                              float (&m_run)[C::kMTiles][2], float (&l_run)[C::kMTiles][2],
+                                              float (&o)[C::kMTiles][C::kONTiles][4]) {
+    constexpr int kMT = C::kMTiles;
+    if constexpr (C::kQInSmem) {
+        const uint32_t q_base = smem_u32(q_s);
+#pragma unroll
+        for (int ks = 0; ks < C::kSKSteps; ++ks) {
+            const int kk = kh * C::kSKSteps + ks;
+            ldmatrix_x4(qf[0][ks], q_base + q_chunk<C>(qrow, kk * 2 + col_half) * 16);
+        }
+    } else {
+        load_q_frags<C, kSparse>(a, b, m_tile, kh, qf);
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            m_run[mt][hf] = -INFINITY;
+            l_run[mt][hf] = 0.f;
+        }
+#pragma unroll
+        for (int n = 0; n < C::kONTiles; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+    }
+}
+
+// ---- phase: scores --------------------------------------------------------------------
+// S = Q K^T for this warp's share: its 16 of the tile's 32 rows (ldmatrix row krow of the
+// staged tile) x the CTA's query rows (qf: A fragments of every m-tile), over its k16 steps
+// kk0 .. kk0 + kSKSteps - 1 of the QK width; col_half (0 or 1) picks the lane's 8-column half
+// of each k16 step. The result, one float4 per lane and (m-tile, n8 tile), goes to this
+// warp's S partials, part_s[((warp * kMTiles + mt) * 2 + n) * 32 + lane], for sum_partials.
+template <typename T, typename C>
+__device__ __forceinline__ void score_partials(uint32_t kv_base, const uint32_t (&qf)[C::kMTiles][C::kSKSteps][4],
+                                               int krow, int kk0, int col_half, float4* part_s, int warp, int lane) {
+    constexpr int kMT = C::kMTiles;
+    // two accumulator parities per (m-tile, n8 tile) with one m-tile (shorter chains),
+    // one with two (the two m-tiles already interleave)
+    constexpr int kPar = kMT == 1 ? 2 : 1;
+    float sacc[kMT][2][kPar][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int par = 0; par < kPar; ++par)
+                sacc[mt][n][par][0] = sacc[mt][n][par][1] = sacc[mt][n][par][2] = sacc[mt][n][par][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < C::kSKSteps; ++ks) {
+        const int kk = kk0 + ks;
+        uint32_t bfr[4];
+        C::Format::k_frag(bfr, kv_base, krow, kk, col_half);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+            mma16816<T>(sacc[mt][0][ks % kPar], qf[mt][ks], bfr[0], bfr[1]);
+            mma16816<T>(sacc[mt][1][ks % kPar], qf[mt][ks], bfr[2], bfr[3]);
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+            float4 v = make_float4(sacc[mt][n][0][0], sacc[mt][n][0][1], sacc[mt][n][0][2], sacc[mt][n][0][3]);
+            if constexpr (kPar == 2) {
+                v.x += sacc[mt][n][1][0];
+                v.y += sacc[mt][n][1][1];
+                v.z += sacc[mt][n][1][2];
+                v.w += sacc[mt][n][1][3];
+            }
+            part_s[((warp * kMT + mt) * 2 + n) * 32 + lane] = v;
+        }
+}
+
+// ---- phase: sum the partials (configurations whose warps split the QK width in four) ----
+// Sums the four k-quarter partials in place: a unit is one half (rows g or g+8) of one
+// (n-half, m-tile, n8 tile) fragment; warp w adds up units w, w+8, ..., quarters in order,
+// into quarter 0's slot. Between two barriers.
+template <typename C>
+__device__ __forceinline__ void sum_partials(float4* part_s, int warp, int lane) {
+    constexpr int kMT = C::kMTiles;
+    __builtin_assume(warp >= 0 && warp < C::kWarps);
+#pragma unroll
+    for (int u = warp; u < 2 * 2 * kMT * 2; u += C::kWarps) {
+        const int h = u & 1, n = (u >> 1) & 1, mt = (u >> 2) % kMT, nhu = (u >> 2) / kMT;
+        float2* p = reinterpret_cast<float2*>(part_s + ((nhu * kMT + mt) * 2 + n) * 32 + lane) + h;
+        float2 acc = *p;
+#pragma unroll
+        for (int q = 1; q < 4; ++q) {
+            // warp nhu + q*kSplitN, same m-tile and n8 tile
+            const float2 u2 = *(p + q * C::kSplitN * kMT * 2 * 32 * 2);
+            acc.x += u2.x;
+            acc.y += u2.y;
+        }
+        *p = acc;
+    }
+}
+
+// ---- phase: read the scores ------------------------------------------------------------
+// The whole tile's S for the lane's fragment rows, from the summed partials: s[mt][jn] is n8
+// tile jn (tile rows 8 jn ..) of m-tile mt, in mma accumulator layout. Every warp reads the
+// same values in the same order, so all warps agree on the softmax.
+template <typename C>
+__device__ __forceinline__ void read_scores(const float4* part_s, int lane, float (&s)[C::kMTiles][4][4]) {
+    constexpr int kMT = C::kMTiles;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int jn = 0; jn < 4; ++jn) {
+            const int nhj = jn >> 1, ntl = jn & 1;
+            const float4 p0 = part_s[((nhj * kMT + mt) * 2 + ntl) * 32 + lane];
+            if constexpr (C::kSplitK == 2) {
+                const float4 p1 = part_s[(((nhj + C::kSplitN) * kMT + mt) * 2 + ntl) * 32 + lane];
+                s[mt][jn][0] = p0.x + p1.x;
+                s[mt][jn][1] = p0.y + p1.y;
+                s[mt][jn][2] = p0.z + p1.z;
+                s[mt][jn][3] = p0.w + p1.w;
+            } else {
+                s[mt][jn][0] = p0.x;
+                s[mt][jn][1] = p0.y;
+                s[mt][jn][2] = p0.z;
+                s[mt][jn][3] = p0.w;
+            }
+        }
+}
+
+// ---- phase: softmax ---------------------------------------------------------------------
+// Masks the tile's scores (rows whose valid flag is 0; dense: rows past the causal limit of
+// each query row), scales them to the log2 domain and turns them into probabilities against
+// the running max (online softmax): updates m_run and l_run (the running max and sum per
+// fragment row), and rescales o when the max moved. pos0: the tile's first position in its
+// request; len: the request's clamped length; g, tq: the lane's fragment row and column pair.
+template <typename C, bool kSparse>
+__device__ __forceinline__ void softmax_tile(const DecodeArgs& a, float (&s)[C::kMTiles][4][4], const int32_t* valid_lane,
+                                             int pos0, int len, int m_tile, int g, int tq,
+                                             float (&m_run)[C::kMTiles][2], float (&l_run)[C::kMTiles][2],
+                                             float (&o)[C::kMTiles][C::kONTiles][4]) {
+    constexpr int kMT = C::kMTiles;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+        float alpha[2];
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            // Causal limit of query row m (dense MTP): position i of q_len sees cache rows
+            // < len - q_len + i + 1 (recomputed per tile: no registers held across the loop).
+            const int row_lim =
+                kSparse ? 0x7fffffff
+                        : len - a.q_len + 1 + (m_tile * C::kBlockM + mt * 16 + g + 8 * hf) / a.num_heads;
+            float mx = -INFINITY;
+#pragma unroll
+            for (int jn = 0; jn < 4; ++jn)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int col = jn * 8 + 2 * tq + e;
+                    const bool ok = valid_lane[jn * 8 + e] != 0 && pos0 + col < row_lim;
+                    const float v = ok ? s[mt][jn][hf * 2 + e] * a.scale_log2 : -INFINITY;
+                    s[mt][jn][hf * 2 + e] = v;
+                    mx = fmaxf(mx, v);
+                }
+            mx = warp_max4(mx);
+            const float m_new = fmaxf(m_run[mt][hf], mx);
+            const float base = (m_new == -INFINITY) ? 0.f : m_new;
+            alpha[hf] = fast_exp2(m_run[mt][hf] - base);  // m_run = -inf -> 0
+            float sum = 0.f;
+#pragma unroll
+            for (int jn = 0; jn < 4; ++jn)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float pe = fast_exp2(s[mt][jn][hf * 2 + e] - base);
+                    s[mt][jn][hf * 2 + e] = pe;
+                    sum += pe;
+                }
+            l_run[mt][hf] = l_run[mt][hf] * alpha[hf] + sum;
+            m_run[mt][hf] = m_new;
+        }
+        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // the running max moved
+#pragma unroll
+            for (int n = 0; n < C::kONTiles; ++n) {
+                o[mt][n][0] *= alpha[0];
+                o[mt][n][1] *= alpha[0];
+                o[mt][n][2] *= alpha[1];
+                o[mt][n][3] *= alpha[1];
+            }
+        }
+    }
+}
+
+// ---- phase: P V ----------------------------------------------------------------------------
+// O += P V over this warp's kODims output dims: the probabilities s (packed to the element
+// type, as A fragments) times the tile's rows read transposed (ldmatrix .trans, row vrow0 of
+// each 16-row step); every V fragment serves every m-tile.
+template <typename T, typename C>
+__device__ __forceinline__ void pv_tile(uint32_t kv_base, const float (&s)[C::kMTiles][4][4], int vrow0, int warp, int col_half,
+                                        float (&o)[C::kMTiles][C::kONTiles][4]) {
+    constexpr int kMT = C::kMTiles;
+#pragma unroll
+    for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
+        uint32_t pa[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+            pa[mt][0] = Elem<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+            pa[mt][1] = Elem<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+            pa[mt][2] = Elem<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+            pa[mt][3] = Elem<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
+        const int vrow = kk * 16 + vrow0;
+#pragma unroll
+        for (int pr = 0; pr < C::kONTiles / 2; ++pr) {
+            uint32_t bfr[4];
+            C::Format::v_frag(bfr, kv_base, vrow, (warp * C::kODims + pr * 16) / 8 + col_half);
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+                mma16816<T>(o[mt][2 * pr], pa[mt], bfr[0], bfr[1]);
+                mma16816<T>(o[mt][2 * pr + 1], pa[mt], bfr[2], bfr[3]);
+            }
+        }
+    }
+}
+
+// ---- phase: write a finished segment ----------------------------------------------------
+// The end of a request's rows in this part: normalizes o by the running sum and writes this
+// lane's dims of each fragment row (dims col0 + 8 n) with the lse: straight to out and lse
+// when the whole request lay in this part (whole), else as this part's piece of a split
+// request to workspace slot `slot` (decode/split.cuh) for the combine.
 template <typename T, bool kSparse, typename C>
-__global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs a) {
+__device__ __forceinline__ void write_segment(const DecodeArgs& a, const Cursor& cc, int seg_j0, int part, int first_req,
+                                              int m_tile, int g, int warp, int tq,
+                                              const float (&o)[C::kMTiles][C::kONTiles][4],
+                                              const float (&m_run)[C::kMTiles][2], const float (&l_run)[C::kMTiles][2]) {
+    constexpr int kMT = C::kMTiles;
+    const int b = cc.b;
+    const bool whole = (seg_j0 == 0) && (cc.j + 1 == cc.ntiles());
+    const int slot = ws_slot(part, cc.b == first_req ? 0 : 1);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const float l = warp_sum4(l_run[mt][hf]);
+            const float inv = l > 0.f ? fast_rcp(l) : 0.f;
+            const float lse2 = l > 0.f ? m_run[mt][hf] + fast_log2(l) : -INFINITY;
+            const int m = m_tile * C::kBlockM + mt * 16 + g + 8 * hf;
+            if (m < a.m_rows) {
+                if (whole) {
+                    int token, head;
+                    row_token_head<kSparse>(a, b, m, token, head);
+                    T* dst = reinterpret_cast<T*>(a.out) + token * a.out_ts + head * a.out_hs + warp * C::kODims + 2 * tq;
+#pragma unroll
+                    for (int n = 0; n < C::kONTiles; ++n) {
+                        *reinterpret_cast<uint32_t*>(dst + n * 8) =
+                            Elem<T>::pack(o[mt][n][2 * hf] * inv, o[mt][n][2 * hf + 1] * inv);
+                    }
+                    if (a.lse != nullptr && warp == 0 && tq == 0) {
+                        a.lse[token * a.lse_ts + head * a.lse_hs] = lse2 * kLn2;
+                    }
+                } else {
+                    const size_t row = static_cast<size_t>(slot) * a.m_rows + m;
+                    float* dst = a.ws_o + row * kLatentDim + warp * C::kODims + 2 * tq;
+#pragma unroll
+                    for (int n = 0; n < C::kONTiles; ++n) {
+                        *reinterpret_cast<float2*>(dst + n * 8) =
+                            make_float2(o[mt][n][2 * hf] * inv, o[mt][n][2 * hf + 1] * inv);
+                    }
+                    if (warp == 0 && tq == 0) a.ws_lse[row] = lse2;
+                }
+            }
+        }
+}
+
+// Fmt: the cache-row format (decode/format.cuh); Tile: the tile configuration (config.cuh).
+template <typename Fmt, bool kSparse, typename Tile>
+__global__ void __launch_bounds__(Tile::kThreads, 1) decode_kernel(const DecodeArgs a) {
+    using C = KernelConfig<Fmt, Tile>;
+    using T = typename Fmt::Elem;
     MLA_TRACE_AT(kTraceDecode, kTraceDecodeEntry);
     grid_dependency_wait();
     MLA_TRACE_AT(kTraceDecode, kTraceDecodeWaitDone);
@@ -189,302 +584,74 @@ __global__ void __launch_bounds__(C::kThreads, 1) decode_kernel(const DecodeArgs
     const int mat = lane >> 3, mrow = lane & 7;
     const int nh = warp % C::kSplitN, kh = warp / C::kSplitN;
 
-    // Two tiles in flight while the CTA waits: tile x+2 is issued into tile x's stage as
-    // soon as tile x is computed, so at the wait for x+1, x+2 is already loading. Its Q
-    // rows would overwrite q_s before x+1 read them when x+1 and x+2 both start segments;
-    // then x+2 is issued at the top of iteration x+1 instead (after the Q read), as is the
-    // first tile of a part's second segment. `ahead`: tile x+1's group is already committed.
-    Cursor cc{first_req, first_j, lens.len(first_req)};
-    load_tile<C, kSparse>(a, cc, resolve_row<C, kSparse>(a, cc), sm.kv(0), sm.valid(0));
-    if constexpr (C::kQInSmem) load_q_smem<C, kSparse>(a, cc.b, m_tile, sm.q());
-    cp_async_commit();
-    Cursor nc = cc;  // the next tile, its rows resolved one iteration ahead
-    RowRaw nraw{0};
-    bool ahead = false;
-    if (lo + 1 < hi) {
-        nc.advance(lens);
-        nraw = resolve_row<C, kSparse>(a, nc);
-        if (nc.j != 0) {  // same segment: no Q to load
-            load_tile<C, kSparse>(a, nc, nraw, sm.kv(1), sm.valid(1));
-            cp_async_commit();
-            ahead = true;
-        }
-    }
+    // The tiles in flight (cursors), whether tile x+1's copies are committed (ahead), whether
+    // tile x starts a segment; the first tile (and the second) issued.
+    TilePipeline<C, kSparse> pipe;
+    bool ahead = pipe.start(a, lens, sm, m_tile, first_req, first_j, lo, hi);
+    bool seg_start = true;
+    const Cursor& cc = pipe.cur;  // tile x
 
     constexpr int kMT = C::kMTiles;
     float o[kMT][C::kONTiles][4];
     float m_run[kMT][2], l_run[kMT][2];
     uint32_t qf[kMT][C::kSKSteps][4];
-    int seg_j0 = cc.j;
-    bool seg_start = true;
+    int seg_j0 = cc.j;  // the first tile of the current segment
 
     for (int x = lo; x < hi; ++x) {
-        const int stage = (x - lo) & 1;
+        const int stage = pipe.stage_of(x, lo);
         uint8_t* kv_cur = sm.kv(stage);
-        // sm.valid(stage), written out: through the accessor here the compiler orders the loop
-        // differently (other registers on sm_120)
+        // = sm.valid(stage), written out: through the accessor the compiler orders the loop's
+        // invariants differently (other registers on sm_120)
         const int32_t* valid_cur = sm.valid_ + stage * C::kBlockN;
-        if (ahead) {
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        // ---- wait for tile x ----
+        pipe.wait(ahead);
         if (x == lo) MLA_TRACE_AT(kTraceDecode, kTraceFirstTileIn);
         if (x + 1 == hi) MLA_TRACE_AT(kTraceDecode, kTraceLastTileIn);
         // Every trigger must come after this CTA's grid_dependency_wait(): combine_kernel
         // reads the lengths before its own wait, relying on that.
         if ((a.pdl & MLA_PDL_TRIGGER_AT_LAST_TILE) && x + 1 == hi) grid_dependents_launch();
 
+        // ---- start a segment: Q fragments, empty accumulators ----
         if (seg_start) {
-            if constexpr (C::kQInSmem) {
-                const uint32_t q_base = smem_u32(sm.q());
-#pragma unroll
-                for (int ks = 0; ks < C::kSKSteps; ++ks) {
-                    const int kk = kh * C::kSKSteps + ks;
-                    ldmatrix_x4(qf[0][ks], q_base + swz((mat & 1) * 8 + mrow, kk * 2 + (mat >> 1)) * 16);
-                }
-            } else {
-                load_q_frags<C, kSparse>(a, cc.b, m_tile, kh, qf);
-            }
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-                for (int hf = 0; hf < 2; ++hf) {
-                    m_run[mt][hf] = -INFINITY;
-                    l_run[mt][hf] = 0.f;
-                }
-#pragma unroll
-                for (int n = 0; n < C::kONTiles; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
-            }
+            start_segment<C, kSparse>(a, sm.q(), cc.b, m_tile, (mat & 1) * 8 + mrow, kh, mat >> 1, qf, m_run, l_run, o);
             seg_j0 = cc.j;
         }
 
-        // Tile x+1, unless already issued, into the other stage (freed by the barrier
-        // above); the table entries of tile x+2, issued at the end of this iteration.
-        Cursor n2 = nc;
-        RowRaw n2raw{0};
-        const bool next_seg = x + 1 < hi && nc.j == 0;
-        if (x + 1 < hi && !ahead) {
-            if (C::kQInSmem && seg_start && next_seg) __syncthreads();  // q_s was just read: let every warp finish
-            load_tile<C, kSparse>(a, nc, nraw, sm.kv(stage ^ 1), sm.valid(stage ^ 1));
-            if (C::kQInSmem && next_seg) load_q_smem<C, kSparse>(a, nc.b, m_tile, sm.q());
-            cp_async_commit();
-        }
-        if (x + 2 < hi) {
-            n2.advance(lens);
-            n2raw = resolve_row<C, kSparse>(a, n2);
-        }
+        // ---- issue tile x+1 (unless ahead); resolve tile x+2's rows ----
+        const bool next_seg = pipe.issue_next(a, lens, sm, m_tile, stage, x, hi, ahead, seg_start);
 
-        // ---- S = Q K^T: this warp's 16 rows x 16 cache rows over its 288 dims ----
+        // ---- scores: S = Q K^T, this warp's 16 tile rows over its share of the QK width ----
         const uint32_t kv_base = smem_u32(kv_cur);
-        {
-            // two accumulator parities per (m-tile, n8 tile) with one m-tile (shorter chains),
-            // one with two (the two m-tiles already interleave)
-            constexpr int kPar = kMT == 1 ? 2 : 1;
-            float sacc[kMT][2][kPar][4];
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-                for (int n = 0; n < 2; ++n)
-#pragma unroll
-                    for (int par = 0; par < kPar; ++par)
-                        sacc[mt][n][par][0] = sacc[mt][n][par][1] = sacc[mt][n][par][2] = sacc[mt][n][par][3] = 0.f;
-            const int krow = nh * 16 + (mat >> 1) * 8 + mrow;
-#pragma unroll
-            for (int ks = 0; ks < C::kSKSteps; ++ks) {
-                const int kk = kh * C::kSKSteps + ks;
-                uint32_t bfr[4];
-                ldmatrix_x4(bfr, kv_base + swz(krow, kk * 2 + (mat & 1)) * 16);
-#pragma unroll
-                for (int mt = 0; mt < kMT; ++mt) {
-                    mma16816<T>(sacc[mt][0][ks % kPar], qf[mt][ks], bfr[0], bfr[1]);
-                    mma16816<T>(sacc[mt][1][ks % kPar], qf[mt][ks], bfr[2], bfr[3]);
-                }
-            }
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-                for (int n = 0; n < 2; ++n) {
-                    float4 v = make_float4(sacc[mt][n][0][0], sacc[mt][n][0][1], sacc[mt][n][0][2], sacc[mt][n][0][3]);
-                    if constexpr (kPar == 2) {
-                        v.x += sacc[mt][n][1][0];
-                        v.y += sacc[mt][n][1][1];
-                        v.z += sacc[mt][n][1][2];
-                        v.w += sacc[mt][n][1][3];
-                    }
-                    part_s[((warp * kMT + mt) * 2 + n) * 32 + lane] = v;
-                }
-        }
+        score_partials<T, C>(kv_base, qf, nh * 16 + (mat >> 1) * 8 + mrow, kh * C::kSKSteps, mat & 1, part_s, warp,
+                             lane);
         __syncthreads();
         if constexpr (C::kSplitK == 4) {
-            // Sum the four k-quarter partials in place: a unit is one half (rows g or g+8) of
-            // one (n-half, m-tile, n8 tile) fragment; warp w adds up units w, w+8, ...,
-            // quarters in order, into quarter 0's slot.
-#pragma unroll
-            for (int u = warp; u < 2 * 2 * kMT * 2; u += C::kWarps) {
-                const int h = u & 1, n = (u >> 1) & 1, mt = (u >> 2) % kMT, nhu = (u >> 2) / kMT;
-                float2* p = reinterpret_cast<float2*>(part_s + ((nhu * kMT + mt) * 2 + n) * 32 + lane) + h;
-                float2 acc = *p;
-#pragma unroll
-                for (int q = 1; q < 4; ++q) {
-                    // warp nhu + q*kSplitN, same m-tile and n8 tile
-                    const float2 u2 = *(p + q * C::kSplitN * kMT * 2 * 32 * 2);
-                    acc.x += u2.x;
-                    acc.y += u2.y;
-                }
-                *p = acc;
-            }
+            sum_partials<C>(part_s, warp, lane);
             __syncthreads();
         }
         if (x == lo) MLA_TRACE_AT(kTraceDecode, kTraceFirstSDone);
 
-        // ---- full S (every warp, same order: identical in all warps), mask, online softmax ----
+        // ---- softmax: the full S (every warp reads it in the same order), mask, online softmax ----
         float s[kMT][4][4];
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-            for (int jn = 0; jn < 4; ++jn) {
-                const int nhj = jn >> 1, ntl = jn & 1;
-                const float4 p0 = part_s[((nhj * kMT + mt) * 2 + ntl) * 32 + lane];
-                if constexpr (C::kSplitK == 2) {
-                    const float4 p1 = part_s[(((nhj + C::kSplitN) * kMT + mt) * 2 + ntl) * 32 + lane];
-                    s[mt][jn][0] = p0.x + p1.x;
-                    s[mt][jn][1] = p0.y + p1.y;
-                    s[mt][jn][2] = p0.z + p1.z;
-                    s[mt][jn][3] = p0.w + p1.w;
-                } else {
-                    s[mt][jn][0] = p0.x;
-                    s[mt][jn][1] = p0.y;
-                    s[mt][jn][2] = p0.z;
-                    s[mt][jn][3] = p0.w;
-                }
-            }
-        const int pos0 = cc.j << kTileShift;
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-            float alpha[2];
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                // Causal limit of query row m (dense MTP): position i of q_len sees cache rows
-                // < len - q_len + i + 1 (recomputed per tile: no registers held across the loop).
-                const int row_lim =
-                    kSparse ? 0x7fffffff
-                            : cc.len - a.q_len + 1 + (m_tile * C::kBlockM + mt * 16 + g + 8 * hf) / a.num_heads;
-                float mx = -INFINITY;
-#pragma unroll
-                for (int jn = 0; jn < 4; ++jn)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const int col = jn * 8 + 2 * tq + e;
-                        const bool ok = valid_cur[col] != 0 && pos0 + col < row_lim;
-                        const float v = ok ? s[mt][jn][hf * 2 + e] * a.scale_log2 : -INFINITY;
-                        s[mt][jn][hf * 2 + e] = v;
-                        mx = fmaxf(mx, v);
-                    }
-                mx = warp_max4(mx);
-                const float m_new = fmaxf(m_run[mt][hf], mx);
-                const float base = (m_new == -INFINITY) ? 0.f : m_new;
-                alpha[hf] = fast_exp2(m_run[mt][hf] - base);  // m_run = -inf -> 0
-                float sum = 0.f;
-#pragma unroll
-                for (int jn = 0; jn < 4; ++jn)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const float pe = fast_exp2(s[mt][jn][hf * 2 + e] - base);
-                        s[mt][jn][hf * 2 + e] = pe;
-                        sum += pe;
-                    }
-                l_run[mt][hf] = l_run[mt][hf] * alpha[hf] + sum;
-                m_run[mt][hf] = m_new;
-            }
-            if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // the running max moved
-#pragma unroll
-                for (int n = 0; n < C::kONTiles; ++n) {
-                    o[mt][n][0] *= alpha[0];
-                    o[mt][n][1] *= alpha[0];
-                    o[mt][n][2] *= alpha[1];
-                    o[mt][n][3] *= alpha[1];
-                }
-            }
-        }
+        read_scores<C>(part_s, lane, s);
+        softmax_tile<C, kSparse>(a, s, valid_cur + 2 * tq, cc.j << kTileShift, cc.len, m_tile, g, tq, m_run, l_run, o);
 
-        // ---- O += P V over this warp's output dims (each V fragment serves every m-tile) ----
-#pragma unroll
-        for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
-            uint32_t pa[kMT][4];
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-                pa[mt][0] = Elem<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                pa[mt][1] = Elem<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                pa[mt][2] = Elem<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                pa[mt][3] = Elem<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-            }
-            const int vrow = kk * 16 + (mat & 1) * 8 + mrow;
-#pragma unroll
-            for (int pr = 0; pr < C::kONTiles / 2; ++pr) {
-                uint32_t bfr[4];
-                ldmatrix_x4_trans(bfr, kv_base + swz(vrow, (warp * C::kODims + pr * 16) / 8 + (mat >> 1)) * 16);
-#pragma unroll
-                for (int mt = 0; mt < kMT; ++mt) {
-                    mma16816<T>(o[mt][2 * pr], pa[mt], bfr[0], bfr[1]);
-                    mma16816<T>(o[mt][2 * pr + 1], pa[mt], bfr[2], bfr[3]);
-                }
-            }
-        }
+        // ---- P V: O += P V over this warp's output dims ----
+        pv_tile<T, C>(kv_base, s, (mat & 1) * 8 + mrow, warp, mat >> 1, o);
 
         if (x == lo) MLA_TRACE_AT(kTraceDecode, kTraceFirstPvDone);
-        // ---- end of a segment: normalize and write ----
+        // ---- write: at the end of a segment, normalize and write ----
         const bool seg_end = (x + 1 == hi) || (cc.j + 1 == cc.ntiles());
         if (seg_end) {
-            const bool whole = (seg_j0 == 0) && (cc.j + 1 == cc.ntiles());
-            const int slot = ws_slot(part, cc.b == first_req ? 0 : 1);
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-                for (int hf = 0; hf < 2; ++hf) {
-                    const float l = warp_sum4(l_run[mt][hf]);
-                    const float inv = l > 0.f ? fast_rcp(l) : 0.f;
-                    const float lse2 = l > 0.f ? m_run[mt][hf] + fast_log2(l) : -INFINITY;
-                    const int m = m_tile * C::kBlockM + mt * 16 + g + 8 * hf;
-                    if (m < a.m_rows) {
-                        if (whole) {
-                            int token, head;
-                            row_token_head<kSparse>(a, cc.b, m, token, head);
-                            T* dst = reinterpret_cast<T*>(a.out) + token * a.out_ts + head * a.out_hs + warp * C::kODims + 2 * tq;
-#pragma unroll
-                            for (int n = 0; n < C::kONTiles; ++n) {
-                                *reinterpret_cast<uint32_t*>(dst + n * 8) =
-                                    Elem<T>::pack(o[mt][n][2 * hf] * inv, o[mt][n][2 * hf + 1] * inv);
-                            }
-                            if (warp == 0 && tq == 0 && a.lse != nullptr) {
-                                a.lse[token * a.lse_ts + head * a.lse_hs] = lse2 * kLn2;
-                            }
-                        } else {
-                            const size_t row = static_cast<size_t>(slot) * a.m_rows + m;
-                            float* dst = a.ws_o + row * kLatentDim + warp * C::kODims + 2 * tq;
-#pragma unroll
-                            for (int n = 0; n < C::kONTiles; ++n) {
-                                *reinterpret_cast<float2*>(dst + n * 8) =
-                                    make_float2(o[mt][n][2 * hf] * inv, o[mt][n][2 * hf + 1] * inv);
-                            }
-                            if (warp == 0 && tq == 0) a.ws_lse[row] = lse2;
-                        }
-                    }
-                }
+            write_segment<T, kSparse, C>(a, cc, seg_j0, part, first_req, m_tile, g, warp, tq, o, m_run, l_run);
         }
-        // Tile x+2 into this stage once every warp is done with it (and with q_s).
+        // ---- issue tile x+2 into this stage (or at the top of the next iteration); advance ----
         bool ahead_next = false;
-        if (x + 2 < hi && !(C::kQInSmem && next_seg && n2.j == 0)) {
-            __syncthreads();
-            load_tile<C, kSparse>(a, n2, n2raw, kv_cur, sm.valid(stage));
-            if (C::kQInSmem && n2.j == 0) load_q_smem<C, kSparse>(a, n2.b, m_tile, sm.q());
-            cp_async_commit();
+        if (pipe.can_issue_after(x, hi, next_seg)) {
+            pipe.issue_after(a, sm, m_tile, kv_cur, stage);
             ahead_next = true;
         }
-        cc = nc;
-        nc = n2;
-        nraw = n2raw;
+        pipe.advance();
         seg_start = next_seg;
         ahead = ahead_next;
     }

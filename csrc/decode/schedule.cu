@@ -16,13 +16,13 @@ namespace {
 // an SM holds as many CTAs as an sm_120 SM) and the CTAs per SM that then fit.
 template <typename C>
 mla_status_t config_fit(bool sm120_occupancy, int smem_per_sm, int optin, int* smem_out, int* ctas_out) {
-    int smem = C::kSmemBytes;
+    int smem = KernelConfig16<C>::kSmemBytes;
     if (smem > optin)
         return fail(MLA_STATUS_UNSUPPORTED, "the device allows %d bytes of shared memory per block, the configuration needs %d",
                     optin, smem);
     if (sm120_occupancy) {
         // As many CTAs per SM as sm_120 holds (100 KB per SM, 1 KB reserved per CTA).
-        const int sm120_ctas = kSm120SmemPerSm / (C::kSmemBytes + 1024);
+        const int sm120_ctas = kSm120SmemPerSm / (KernelConfig16<C>::kSmemBytes + 1024);
         int padded = smem_per_sm / (sm120_ctas + 1) - 1024 + 16;
         padded = (padded + 15) & ~15;
         smem = padded > smem ? padded : smem;

@@ -1,12 +1,13 @@
 // The decode kernel's dynamic shared memory as a typed plan: where each buffer of
-// configuration C lies (sizes from TileConfig; offsets are compile-time constants, only the
-// base is a pointer). The layout, in bytes from the base (128-byte aligned):
+// configuration C (a KernelConfig: a tile configuration and a row format) lies (offsets are
+// compile-time constants, only the base is a pointer). The layout, in bytes from the base
+// (128-byte aligned):
 //
 //   [kv stage 0 | kv stage 1 | Q tile (kQInSmem only) | S partials | valid flags, per stage]
 //
 //   - kv stage s: the kBlockN cache rows of the tile in stage s, as the row format stages
-//     them (f16/bf16: 1,152-byte rows of swizzled 16-byte chunks);
-//   - Q tile: the CTA's kBlockM query rows, staged like cache rows, at segment starts;
+//     them (kSmemRowBytes each; f16/bf16: 1,152-byte rows of swizzled 16-byte chunks);
+//   - Q tile: the CTA's kBlockM query rows (kQkDim wide), at segment starts;
 //   - S partials: each warp's S fragments (float4 per lane), summed across the warps that
 //     split the QK width; before the first tile's S they are find_part's scratch;
 //   - valid flags: one int per tile row and stage, 0 where the row is masked (past the
@@ -28,7 +29,7 @@ struct SmemPlan {
     static constexpr int kPartialOffset = kQOffset + C::kQBytes;
     static constexpr int kValidOffset = kPartialOffset + C::kPartialBytes;
     static constexpr int kBytes = kValidOffset + C::kValidBytes;
-    static_assert(kBytes == C::kSmemBytes, "the plan covers every buffer TileConfig counts");
+    static_assert(kBytes == C::kSmemBytes, "the plan covers every buffer KernelConfig counts");
     static_assert(kPartialOffset % 16 == 0 && kValidOffset % 16 == 0, "float4 partials, aligned flags");
     static_assert(C::kPartialBytes >= PartScratch::kInts * 4, "find_part's scratch fits in the S partials");
 

@@ -211,7 +211,7 @@ enum SplitFound : int {
 };
 // find_split's shared scratch: two scans' warp sums.
 template <int kThreads>
-constexpr int split_scratch_ints() {
+__host__ __device__ constexpr int split_scratch_ints() {
     return 2 * (kThreads / 32);
 }
 

@@ -1,0 +1,102 @@
+// Cache-row formats: how a tile of cache rows is staged into shared memory and turned into MMA
+// operands. The decode kernel is a template of one such policy type (its `Fmt` parameter);
+// everything it knows about a row's bytes goes through it.
+//
+// Adding a format (fp8_ds_mla, per-tensor fp8, 512-wide rows without RoPE, DeepSeek-V4's rows
+// with a per-block scale footer):
+//   1. Write a struct next to RowF16 with the same members:
+//      - `Elem`: the MMA element type (f16/bf16) of the query, P and the operands the policy
+//        produces (fp8 formats dequantize into it);
+//      - `kRowBytes` (a row in global memory) and `kSmemRowBytes` (a staged row; it may keep
+//        the scales next to the values, or pad for the bank swizzle);
+//      - `kQkDim` (the q.k width: 576 with RoPE, 512 without; the query is staged kQkDim wide
+//        and S has kQkDim / 16 k16 steps), `kVDim` (512: V is the first kVDim dims) and
+//        `kRopeDim` (the query dims that come from q_rope: 64, or 0);
+//      - `RowAddr`, `kNoRow`, `row_addr`, `has_row`, `shfl_row`: where a row lives. The lane
+//        that resolved a tile row gets the row's block base (block id * block stride) and its
+//        index in the block, and makes a RowAddr of them (RowF16: the byte offset of the row;
+//        a footer format would keep the block base too, for its scales); the warp then
+//        broadcasts it row by row;
+//      - `copy_row`: the warp's cp.async copies of one row into its staged row (16-byte chunks,
+//        zero-filled when the row is masked: its flags read 0 and its values are never used,
+//        but they must not be NaN garbage either, as P is 0 there);
+//      - `k_frag`, `v_frag`: the B fragments of S = Q K^T (k16 step kk, two n8 tiles) and of
+//        O += P V (16 rows, two n8 tiles of dims), from the staged rows: ldmatrix for 16-bit
+//        rows; a dequantizing format converts its bytes (times the row's scale, or the tensor's
+//        from DecodeArgs) into `Elem` pairs here.
+//      The query side follows from kQkDim and kRopeDim alone (decode/kernel.cuh: the query is
+//      `Elem`, staged kQkDim wide, whatever the cache holds).
+//   2. Instantiate the kernels for it: decode/decode.cu maps (dtype, cache format) to a policy
+//      where it picks `RowF16<T>` today (launch_typed, set_smem_attr, decode_ctas_per_sm) and
+//      the schedule sizes shared memory with KernelConfig<Fmt, Tile> (config.cuh).
+//   3. KernelConfig<Fmt, Tile>::kSmemBytes (config.cuh) static_asserts the stages of
+//      kSmemRowBytes rows, the query tile, the S partials and the flags against sm_120's
+//      101,376 bytes per block: a format whose rows do not fit a configuration fails to compile
+//      (scripts/resource-gate.sh). Then the gate's register and spill check, and the GPU tests.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "common/constants.cuh"
+#include "common/ptx.cuh"
+
+namespace mla {
+
+// f16 / bf16 rows of 576 values (512 latent + 64 RoPE), 1,152 bytes, staged as they are in
+// 16-byte chunks whose low 3 index bits are XORed with the row (the 8 rows an ldmatrix reads
+// land in 8 different bank groups: a row is 9 x 128 bytes).
+template <typename T>
+struct RowF16 {
+    using Elem = T;
+    static constexpr int kRowBytes = MLA_ROW_BYTES_16;  // 1152
+    static constexpr int kSmemRowBytes = kRowBytes;
+    static constexpr int kChunks = kRowBytes / 16;      // 72 chunks of 16 bytes
+    static constexpr int kQkDim = MLA_HEAD_DIM;         // 576
+    static constexpr int kVDim = MLA_LATENT_DIM;        // 512
+    static constexpr int kRopeDim = MLA_ROPE_DIM;       // 64
+    static_assert(kRowBytes == kQkDim * 2, "a row is kQkDim 16-bit values");
+
+    // Swizzled position (in 16-byte chunks) of chunk c of staged row r.
+    static __device__ __forceinline__ int chunk(int r, int c) { return r * kChunks + (c ^ (r & 7)); }
+
+    // Where a row lives: its byte offset from the cache base (kNoRow: masked).
+    using RowAddr = int64_t;
+    static constexpr RowAddr kNoRow = -1;
+    static __device__ __forceinline__ RowAddr row_addr(int64_t block_base, int in_block) {
+        return block_base + static_cast<int64_t>(in_block) * kRowBytes;
+    }
+    static __device__ __forceinline__ bool has_row(RowAddr r) { return r >= 0; }
+    static __device__ __forceinline__ RowAddr shfl_row(RowAddr r, int src_lane) {
+        return __shfl_sync(0xffffffffu, r, src_lane);
+    }
+
+    // The warp's copies of the row at `r` into staged row `row` of the stage at shared address
+    // `stage`: lane l copies chunks l, l + 32 and l + 64 (< 72).
+    static __device__ __forceinline__ void copy_row(uint32_t stage, int row, const uint8_t* cache, RowAddr r, int lane) {
+        const int bytes = r >= 0 ? 16 : 0;
+        const uint8_t* src = cache + (r >= 0 ? r : 0) + lane * 16;
+        const uint32_t dst = stage + row * kSmemRowBytes;
+        const int x = row & 7;
+#pragma unroll
+        for (int k = 0; k < 3; ++k) {
+            const int ch = lane + 32 * k;
+            if (k < 2 || ch < kChunks) cp_async_16(dst + ((ch ^ x) << 4), src + k * 512, bytes);
+        }
+    }
+
+    // S = Q K^T: B fragments of k16 step kk for two n8 tiles of rows (this lane addresses staged
+    // row krow; col_half picks the 8-column half of the step).
+    static __device__ __forceinline__ void k_frag(uint32_t (&b)[4], uint32_t stage, int krow, int kk, int col_half) {
+        ldmatrix_x4(b, stage + chunk(krow, kk * 2 + col_half) * 16);
+    }
+
+    // O += P V: B fragments of 16 rows (this lane addresses staged row vrow) and two n8 tiles
+    // of dims starting at 16-byte chunk `dchunk` of the row (the lane's 8-dim half included).
+    static __device__ __forceinline__ void v_frag(uint32_t (&b)[4], uint32_t stage, int vrow, int dchunk) {
+        ldmatrix_x4_trans(b, stage + chunk(vrow, dchunk) * 16);
+    }
+};
+
+}  // namespace mla
