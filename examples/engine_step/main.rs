@@ -44,7 +44,8 @@
 //! state and the check results, and exits non-zero if anything failed.
 //!
 //! `--soak N` replays N steps (checks every 1,000 unless `--check-every` says otherwise): the
-//! graph-replay soak of docs/DEVELOPING.md, e.g. `--soak 24000 --layers 2 --dense`.
+//! graph-replay soak of docs/DEVELOPING.md, e.g. `--soak 24000 --layers 2 --dense --gen
+//! 500-3000` (requests that live longer: fewer prefills made up on the host).
 //!
 //! `--kv` picks the cache format: `bf16`, or an fp8 format (`fp8_ds_mla`: 656-byte rows with
 //! per-128 scales; `fp8`: e4m3 with a per-tensor scale), which `append_kv` quantizes into.
@@ -70,8 +71,8 @@ use check::Report;
 use engine::{Engine, Shape};
 use watch::{free_memory, ReplayTimer, Watchdog};
 
-/// How much the device's free memory may shrink after the first replay (the driver's own
-/// bookkeeping; a leak per replay would pass this within a few hundred replays).
+/// How much the device's free memory may shrink after the first replay (room for the
+/// driver's own bookkeeping; a leak per replay would exceed it within a few hundred).
 const MEMORY_SLACK: usize = 8 << 20;
 
 /// Command-line options.
@@ -274,9 +275,8 @@ fn run(opts: &Options) -> Result<bool, Box<dyn std::error::Error>> {
         if ok { "ok" } else { "FAILED" }
     );
 
-    // The capture: once.
-    let capture_stream = stream.clone();
-    let graph = capture_graph(&capture_stream, || engine.enqueue_step())?;
+    // The capture: once (everything it touches exists already).
+    let graph = capture_graph(&stream, || engine.enqueue_step())?;
     let mut timer = ReplayTimer::new(&stream, 4)?;
     let mut reading = FlagReading::new(&stream)?;
     let mut first_fault: Option<(usize, [u32; 4])> = None;
