@@ -117,7 +117,7 @@ pub fn last_c_error() -> String {
 }
 
 /// Maps a raw `mla_status_t` value returned by C ABI function `call`, just now on this
-/// thread, to a `Result` (the reason comes from [`last_c_error`]).
+/// thread, to a `Result` (the reason comes from the C layer's `mla_last_error()`).
 pub fn status_to_result(call: &'static str, status: u32) -> Result<()> {
     const OK: u32 = ffi::mla_status_t::MLA_STATUS_OK.0;
     const INVALID: u32 = ffi::mla_status_t::MLA_STATUS_INVALID_ARGUMENT.0;

@@ -105,11 +105,8 @@ impl std::fmt::Display for FaultCode {
 /// (first fault wins; a 32-bit value is stored sign-extended, so word 3 is `0xffffffff` for
 /// a negative one).
 ///
-/// **Today's kernels** (issue #11) store only the low 32 bits of a value in word 2 and
-/// leave word 3 at 0, so [`check`](ErrorFlag::check) reads a negative value as
-/// `2^32 − x` and an append slot past 2^32 as its low bits; they do not record
-/// [`FaultCode::BadTopkLen`] or the gather's seq_len faults yet (those values are clamped
-/// silently).
+/// Every bad value the device meets is both handled (skipped or clamped, docs/DESIGN.md §6)
+/// and recorded here when a flag is given.
 ///
 /// Kernels write it, so the calls take it as `&mut`: one flag cannot be handed to two calls
 /// at once. Use a flag per stream; nothing resets it but [`reset`](ErrorFlag::reset).
