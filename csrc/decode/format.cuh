@@ -17,7 +17,8 @@
 //        index in the block, and makes a RowAddr of them (RowF16: the byte offset of the row;
 //        a footer format would keep the block base too, for its scales); the warp then
 //        broadcasts it row by row;
-//      - `copy_row`: the warp's cp.async copies of one row into its staged row (16-byte chunks,
+//      - `copy_row`: the warp's cp.async copies of one row (from a.cache; a format may stage
+//        more, e.g. the tensor scale a.kv_scale) into its staged row (16-byte chunks,
 //        zero-filled when the row is masked: its flags read 0 and its values are never used,
 //        but they must not be NaN garbage either, as P is 0 there);
 //      - `k_frag`, `v_frag`: the B fragments of S = Q K^T (k16 step kk, two n8 tiles) and of
@@ -41,6 +42,7 @@
 
 #include "common/constants.cuh"
 #include "common/ptx.cuh"
+#include "decode/args.cuh"
 
 namespace mla {
 
@@ -74,9 +76,9 @@ struct RowF16 {
 
     // The warp's copies of the row at `r` into staged row `row` of the stage at shared address
     // `stage`: lane l copies chunks l, l + 32 and l + 64 (< 72).
-    static __device__ __forceinline__ void copy_row(uint32_t stage, int row, const uint8_t* cache, RowAddr r, int lane) {
+    static __device__ __forceinline__ void copy_row(uint32_t stage, int row, const DecodeArgs& a, RowAddr r, int lane) {
         const int bytes = r >= 0 ? 16 : 0;
-        const uint8_t* src = cache + (r >= 0 ? r : 0) + lane * 16;
+        const uint8_t* src = a.cache + (r >= 0 ? r : 0) + lane * 16;
         const uint32_t dst = stage + row * kSmemRowBytes;
         const int x = row & 7;
 #pragma unroll

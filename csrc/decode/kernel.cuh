@@ -86,7 +86,7 @@ __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Cursor& c, 
     for (int i = 0; i < C::kRowsPerWarp; ++i) {
         const typename Fmt::RowAddr roff = Fmt::shfl_row(off, i);
         const int row = warp * C::kRowsPerWarp + i;
-        Fmt::copy_row(kv_base, row, a.cache, roff, lane);
+        Fmt::copy_row(kv_base, row, a, roff, lane);
     }
 }
 
