@@ -24,7 +24,11 @@
 //      - `k_frag`, `v_frag`: the B fragments of S = Q K^T (k16 step kk, two n8 tiles) and of
 //        O += P V (16 rows, two n8 tiles of dims), from the staged rows: ldmatrix for 16-bit
 //        rows; a dequantizing format converts its bytes (times the row's scale, or the tensor's
-//        from DecodeArgs) into `Elem` pairs here.
+//        from DecodeArgs) into `Elem` pairs here;
+//      - `kScaledK`: false: k_frag's values are the row's values. true: k_frag gives them
+//        unscaled and `k_scales(sc, stage, krow, kk)` the fp32 scales of the lane's
+//        accumulator rows for step kk, which score_partials applies to each step's product
+//        (so S is exact for scaled formats: decode/format_fp8.cuh).
 //      The query side follows from kQkDim and kRopeDim alone (decode/kernel.cuh: the query is
 //      `Elem`, staged kQkDim wide, whatever the cache holds).
 //   2. Instantiate the kernels for it: decode/decode.cu maps (dtype, cache format) to a policy
@@ -59,6 +63,8 @@ struct RowF16 {
     static constexpr int kVDim = MLA_LATENT_DIM;        // 512
     static constexpr int kRopeDim = MLA_ROPE_DIM;       // 64
     static_assert(kRowBytes == kQkDim * 2, "a row is kQkDim 16-bit values");
+    // k_frag gives the values themselves (no k_scales; decode/format_fp8.cuh has a format with)
+    static constexpr bool kScaledK = false;
 
     // Swizzled position (in 16-byte chunks) of chunk c of staged row r.
     static __device__ __forceinline__ int chunk(int r, int c) { return r * kChunks + (c ^ (r & 7)); }

@@ -7,25 +7,27 @@
 // DESIGN CHOSEN (first step, correctness first; docs/wip/fp8-notes.md "2.9"): a simple
 // variant of the notes' option (b). The rows stay fp8 in shared memory, as they are in global
 // memory (656 / 576 + 16 bytes per staged row: a stage is 20,992 / 18,944 bytes instead of
-// 36,864, so every tile configuration fits sm_120's 99 KB with room to spare and the
-// schedule's f16/bf16 shared-memory size serves unchanged). The B fragments of S = Q K^T and
-// of O += P V are built per lane with plain shared-memory loads (no ldmatrix: a lane loads
-// exactly the elements the 16-bit ldmatrix would have given it), converted e4m3 -> f16 (exact,
-// cvt.rn.f16x2.e4m3x2, sm_89+: on both sm_90 and sm_120), multiplied by the row's fp32 scale
-// in fp32 and rounded to the query's element type (Elem). So the kernel, the query side, the
-// softmax and the output are untouched: only k_frag / v_frag / copy_row differ. Why not the
-// notes' full (b) (Q k-permuted, scales folded into S per scale tile and into P with a
-// scale-aware running max): it changes score_partials, softmax_tile and pv_tile, too much to
-// make correct in the time of this step. Why not (a) (a dequantizing pass into a 16-bit
-// staging tile): it needs a 16-bit staging tile beside the fp8 stages, which does not fit
-// the 8-warp configurations, and an extra pass and barrier per tile.
-// Accuracy: each dequantized value e4m3 * scale is exact in fp32 and rounded once to the
-// query's element type (bf16: 2^-9 relative, as a bf16 cache's own rounding; f16: 2^-12, and
-// values beyond f16's range (|v| > 65504) would overflow: f16 queries need a cache whose
-// values fit f16, which any cache written from f16 rows does). The RoPE of fp8_ds_mla is
-// bf16: exact for bf16 queries, rounded to f16 (exact in f16's normal range) for f16 queries.
-// Cost: 4 + 4 shared loads and 4 conversions per K fragment and 8 + 4 loads per V fragment
-// (vs one ldmatrix each); performance is the next step (the notes' (b) with ldmatrix on fp8).
+// 36,864, so every tile configuration fits sm_120's 99 KB with room to spare, and the
+// schedule's f16/bf16 shared-memory size serves unchanged). The B fragments are built per lane
+// with plain shared-memory loads (no ldmatrix: a lane loads exactly the elements the 16-bit
+// ldmatrix would have given it) and cvt.rn.f16x2.e4m3x2 (exact; sm_89+, so sm_90 and sm_120):
+//   - S = Q K^T (k_frag, kScaledK): the e4m3 values unscaled, exact in the query's type; each
+//     k16 step's mma product is multiplied in fp32 by its cache rows' scales (k_scales) and
+//     accumulated (kernel.cuh's score_partials, the one kernel change, under `if constexpr`).
+//     S is as exact as with a 16-bit cache.
+//   - O += P V (v_frag): e4m3 x the row's scale in fp32, rounded to the query's type (bf16:
+//     2^-9 relative per element, like a bf16 cache's own rounding; f16: 2^-12, and values
+//     beyond f16's range (|v| > 65504) would overflow: f16 queries need a cache whose values
+//     fit f16, as any cache written from f16 rows does).
+//   The query side, the softmax and the output are untouched.
+// Why not the notes' full (b) (ldmatrix on fp8 bytes with Q k-permuted, scales folded per
+// scale tile, P scaled with a scale-aware running max): it changes score_partials,
+// softmax_tile and pv_tile much more, too much to make correct in the time of this step; it is
+// the performance step that follows. Why not (a) (a dequantizing pass into a 16-bit staging
+// tile): the staging tile does not fit beside the stages in the 8-warp configurations, and it
+// costs a pass and a barrier per tile.
+// Cost: per K fragment 4 shared loads + 4 conversions + 4 scale loads + 8 FFMA per m-tile; per
+// V fragment 8 byte loads + 4 scale loads + 4 conversions + 8 FMUL (vs one ldmatrix each).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -41,24 +43,17 @@
 
 namespace mla {
 
-// Plain shared-memory loads at a 32-bit shared address (volatile: the stage's contents
-// change between tiles at the same addresses).
-__device__ __forceinline__ uint32_t lds_u8(uint32_t addr) {
-    uint32_t v;
-    asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(v) : "r"(addr));
-    return v;
+// Plain shared-memory loads at a 32-bit shared address (ordinary C++ loads, so that the
+// compiler schedules them freely and merges repeated scale loads; __syncthreads orders them
+// against the cp.async fills, as for ldmatrix).
+template <typename V>
+__device__ __forceinline__ V lds(uint32_t addr) {
+    return *reinterpret_cast<const V*>(__cvta_shared_to_generic(addr));
 }
-__device__ __forceinline__ uint32_t lds_u16(uint32_t addr) {
-    uint16_t v;
-    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(addr));
-    return v;
-}
-__device__ __forceinline__ uint32_t lds_u32(uint32_t addr) {
-    uint32_t v;
-    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
-    return v;
-}
-__device__ __forceinline__ float lds_f32(uint32_t addr) { return __uint_as_float(lds_u32(addr)); }
+__device__ __forceinline__ uint32_t lds_u8(uint32_t addr) { return lds<uint8_t>(addr); }
+__device__ __forceinline__ uint32_t lds_u16(uint32_t addr) { return lds<uint16_t>(addr); }
+__device__ __forceinline__ uint32_t lds_u32(uint32_t addr) { return lds<uint32_t>(addr); }
+__device__ __forceinline__ float lds_f32(uint32_t addr) { return lds<float>(addr); }
 
 // 4-byte async copy global -> shared (src_bytes = 0 zero-fills).
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int src_bytes) {
@@ -86,7 +81,7 @@ __device__ __forceinline__ uint32_t bf16x2_to_elem(uint32_t v) {
 
 // kDsMla: fp8_ds_mla (656-byte rows, per-tile scales, bf16 RoPE); else per-tensor fp8 (576
 // e4m3 values; the staged row appends the tensor scale at byte 576, 592 bytes per staged row:
-// every staged row carries its scale, masked rows a zero one).
+// every staged row carries it, masked rows too, and the fragments read staged row 0's).
 template <typename T, bool kDsMla>
 struct RowFp8 {
     using Elem = T;
@@ -120,13 +115,18 @@ struct RowFp8 {
         cp_async_16(dst, src, bytes);
         if (lane + 32 < kChunks) cp_async_16(dst + 512, src + 512, bytes);
         if constexpr (!kDsMla) {
-            if (lane == 31) cp_async_4(stage + row * kSmemRowBytes + kFp8TensorRowBytes, a.kv_scale, r >= 0 ? 4 : 0);
+            // every staged row gets the scale, masked ones too (their values are zero-filled):
+            // any row's copy serves the whole tile
+            if (lane == 31) cp_async_4(stage + row * kSmemRowBytes + kFp8TensorRowBytes, a.kv_scale, 4);
         }
     }
 
-    // S = Q K^T: the B fragments ldmatrix_x4 would give for k16 step kk and the warp's 16 rows
-    // (krow & ~15 ..): b[0], b[1] = rows +g, dims kk*16 + 2tq (+1) and + 8; b[2], b[3] = the same
-    // for rows +8+g.
+    // S = Q K^T, with kScaledK: the B fragments ldmatrix_x4 would give for k16 step kk and the
+    // warp's 16 rows (krow & ~15 ..), UNSCALED (e4m3 values are exact in f16 and bf16; the
+    // fp8_ds_mla RoPE is bf16, rounded for f16 queries): b[0], b[1] = rows +g, dims
+    // kk*16 + 2tq (+1) and + 8; b[2], b[3] = the same for rows +8+g. The scales come from
+    // k_scales and are applied to each step's product in fp32 (kernel.cuh, score_partials).
+    static constexpr bool kScaledK = true;
     static __device__ __forceinline__ void k_frag(uint32_t (&b)[4], uint32_t stage, int krow, int kk, int col_half) {
         const int lane = threadIdx.x & 31;
         const int g = lane >> 2, tq = lane & 3;
@@ -137,11 +137,33 @@ struct RowFp8 {
             const uint32_t rb = row0 + (i >> 1) * 8 * kSmemRowBytes;
             const int c = col + 8 * (i & 1);
             if (!kDsMla || kk * 16 < kFp8DsMlaScalesOffset) {
-                const float sc = lds_f32(rb + kScaleOffset + (kDsMla ? 4 * (c >> 7) : 0));
-                b[i] = e4m3x2_scaled<T>(lds_u16(rb + c), sc, sc);
+                const uint16_t codes = static_cast<uint16_t>(lds_u16(rb + c));
+                if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+                    b[i] = e4m3x2_to_bf16x2(codes);
+                } else {
+                    b[i] = e4m3x2_to_f16x2(codes);
+                }
             } else {
                 b[i] = bf16x2_to_elem<T>(lds_u32(rb + kFp8DsMlaRopeOffset + 2 * (c - kFp8DsMlaScalesOffset)));
             }
+        }
+    }
+    // The scales of step kk for the lane's accumulator columns (cache rows 8n + 2tq + e of the
+    // warp's 16): the row's scale of the step's tile (fp8_ds_mla RoPE: 1), the staged tensor
+    // scale (per-tensor); masked rows are zero-filled: scale 0.
+    static __device__ __forceinline__ void k_scales(float (&sc)[2][2], uint32_t stage, int krow, int kk) {
+        if constexpr (kDsMla) {
+            const int tq = threadIdx.x & 3;
+            const uint32_t base = stage + ((krow & ~15) + 2 * tq) * kSmemRowBytes + kScaleOffset + 4 * (kk >> 3);
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    sc[n][e] = kk * 16 >= kFp8DsMlaScalesOffset ? 1.f : lds_f32(base + (8 * n + e) * kSmemRowBytes);
+                }
+        } else {
+            const float t = lds_f32(stage + kScaleOffset);  // staged row 0's copy of the tensor scale
+            sc[0][0] = sc[0][1] = sc[1][0] = sc[1][1] = t;
         }
     }
 
@@ -157,7 +179,7 @@ struct RowFp8 {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // rows 2tq, 2tq+1 (h = 0) and +8 (h = 1)
             const uint32_t ra = r0 + h * 8 * kSmemRowBytes, rb = ra + kSmemRowBytes;
-            const float sa = lds_f32(ra + so), sb = lds_f32(rb + so);
+            const float sa = lds_f32(kDsMla ? ra + so : stage + so), sb = lds_f32(kDsMla ? rb + so : stage + so);
             b[h] = e4m3x2_scaled<T>(lds_u8(ra + d) | (lds_u8(rb + d) << 8), sa, sb);
             b[2 + h] = e4m3x2_scaled<T>(lds_u8(ra + d + 8) | (lds_u8(rb + d + 8) << 8), sa, sb);
         }
