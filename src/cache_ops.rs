@@ -35,8 +35,8 @@ pub struct AppendArgs<'a, T> {
 }
 
 /// Writes `args.num_tokens` new rows into the paged cache, converting them to the cache's
-/// format: an f16/bf16 cache takes rows of its own dtype; the fp8 formats return
-/// [`Error::Unsupported`](crate::Error::Unsupported) until their kernels exist (issue #12).
+/// format: an f16/bf16 cache takes rows of its own dtype; an fp8 cache quantizes them
+/// (`scale_rule` for fp8_ds_mla, the cache's own scale for per-tensor fp8).
 ///
 /// Checks every argument first (an error names a parameter or a field of [`AppendArgs`]);
 /// allocates nothing and does not synchronize (graph-capturable).

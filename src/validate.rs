@@ -1631,7 +1631,11 @@ mod tests {
                     kv_format: format,
                     ..sparse_shape()
                 });
-                assert_eq!(sparse(&c), Ok(()), "{format} {dtype}: sparse decode reads it");
+                assert_eq!(
+                    sparse(&c),
+                    Ok(()),
+                    "{format} {dtype}: sparse decode reads it"
+                );
                 let mut c = append_call();
                 c.dtype = dtype;
                 c.kv_cache = cache_of(format);
