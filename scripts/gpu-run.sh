@@ -4,8 +4,8 @@
 #
 # usage: bash scripts/gpu-run.sh [MODE...]     (default: all)
 #   tests     every .gpu/bin/test-* with --include-ignored --test-threads=1    -> $OUT/tests.log
-#   sanitize  compute-sanitizer memcheck + racecheck over the GPU tests whose name
-#             contains $MLA_SANITIZE_FILTER (default sanitize_)                  -> $OUT/sanitizer.log
+#   sanitize  compute-sanitizer memcheck, racecheck and synccheck over the GPU tests whose
+#             name contains $MLA_SANITIZE_FILTER (default sanitize_)             -> $OUT/sanitizer.log
 #   bench     .gpu/bin/bench-decode --bench --json $OUT/bench.json $MLA_BENCH_ARGS -> $OUT/bench.log
 #   ncu       ncu --clock-control none --set full on .gpu/bin/example-profile
 #             --case $MLA_PROFILE_CASE --iters $MLA_PROFILE_ITERS  -> $OUT/profile.ncu-rep, $OUT/ncu.txt
@@ -22,7 +22,7 @@
 #   MLA_TIMEOUT_NCU
 #   MLA_TEST_ARGS         extra libtest arguments (e.g. a filter) for `tests`
 #   MLA_SANITIZE_FILTER   test-name filter for `sanitize` (default sanitize_)
-#   MLA_SANITIZE_TOOLS    compute-sanitizer tools (default "memcheck racecheck")
+#   MLA_SANITIZE_TOOLS    compute-sanitizer tools (default "memcheck racecheck synccheck")
 #   MLA_BENCH_ARGS        extra bench arguments (e.g. --filter sparse --check)
 #   MLA_PROFILE_CASE      case for `ncu` (default sparse:t=128,h=8,k=2048,dtype=bf16)
 #   MLA_PROFILE_ITERS     iterations of the profile example under ncu (default 3)
@@ -117,7 +117,7 @@ step_tests() {
         fi
         log "tests: $b (timeout ${secs}s)"
         r=0
-        run_to "$logf" '^test result|FAILED|panicked|^failures:|^    [A-Za-z_:0-9]+$|[Ee]rror: ' "$secs" \
+        run_to "$logf" '^test result|FAILED|panicked|^failures:|^    [A-Za-z_:0-9]+$|[Ee]rror: |SKIPPED' "$secs" \
             "$b" --include-ignored --test-threads=1 "${extra[@]}" || r=$?
         ((r != 0)) && { log "tests: $b: $(state_of "$r")"; ((rc == 0)) && rc=$r; }
     done
@@ -128,7 +128,7 @@ step_sanitize() {
     local logf=$OUT/sanitizer.log t0=$SECONDS rc=0 r b tool secs cs n filter
     local -a bins tools
     filter=${MLA_SANITIZE_FILTER:-sanitize_}
-    read -r -a tools <<<"${MLA_SANITIZE_TOOLS:-memcheck racecheck}"
+    read -r -a tools <<<"${MLA_SANITIZE_TOOLS:-memcheck racecheck synccheck}"
     : >"$logf"
     if ! cs=$(find_tool compute-sanitizer /usr/local/cuda/bin/compute-sanitizer \
         /usr/local/cuda/compute-sanitizer/compute-sanitizer /opt/nvidia/compute-sanitizer/compute-sanitizer); then
@@ -150,7 +150,7 @@ step_sanitize() {
             fi
             log "sanitize: $tool on $b, $n test(s) matching '$filter' (timeout ${secs}s)"
             r=0
-            run_to "$logf" '^test result|FAILED|panicked|ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|Error' "$secs" \
+            run_to "$logf" '^test result|FAILED|panicked|ERROR SUMMARY|RACECHECK SUMMARY|SYNCCHECK SUMMARY|Invalid|Race|Error' "$secs" \
                 "$cs" --tool "$tool" --error-exitcode 86 --print-limit 20 \
                 "$b" --include-ignored --test-threads=1 "$filter" || r=$?
             ran=$((ran + 1))
@@ -158,7 +158,7 @@ step_sanitize() {
         done
     done
     # belt and braces: any reported error counts, whatever the exit status said
-    if grep -Eq 'ERROR SUMMARY: [1-9]|RACECHECK SUMMARY: .*[1-9][0-9]* error' "$logf" && ((rc == 0)); then
+    if grep -Eq 'ERROR SUMMARY: [1-9]|(RACECHECK|SYNCCHECK) SUMMARY: .*[1-9][0-9]* error' "$logf" && ((rc == 0)); then
         rc=86
     fi
     if ((ran == 0)); then

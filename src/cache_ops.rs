@@ -35,8 +35,9 @@ pub struct AppendArgs<'a, T> {
 }
 
 /// Writes `args.num_tokens` new rows into the paged cache, converting them to the cache's
-/// format: an f16/bf16 cache takes rows of its own dtype; an fp8 cache quantizes them
-/// (`scale_rule` for fp8_ds_mla, the cache's own scale for per-tensor fp8).
+/// format: an f16/bf16 cache takes rows of its own dtype; an fp8 cache quantizes f16 or bf16
+/// rows (fp8_ds_mla: per-128-value tile scales by `scale_rule`; per-tensor fp8: the cache's
+/// scale), byte for byte as [`reference::fp8`](crate::reference::fp8) does (docs/DESIGN.md §8).
 ///
 /// Checks every argument first (an error names a parameter or a field of [`AppendArgs`]);
 /// allocates nothing and does not synchronize (graph-capturable).

@@ -30,7 +30,7 @@ pub enum Error {
     },
     /// The crate was built without nvcc, so it holds no kernels.
     KernelsNotBuilt,
-    /// Valid but not implemented (e.g. decode of an fp8 cache, until issue #12).
+    /// Valid but not implemented by this build or version.
     Unsupported(String),
     /// CUDA-graph capture: [`capture_graph`](crate::capture_graph) refused to start (event
     /// tracking still on, the stream already capturing) or the capture failed, or a call
@@ -117,7 +117,7 @@ pub fn last_c_error() -> String {
 }
 
 /// Maps a raw `mla_status_t` value returned by C ABI function `call`, just now on this
-/// thread, to a `Result` (the reason comes from [`last_c_error`]).
+/// thread, to a `Result` (the reason comes from the C layer's `mla_last_error()`).
 pub fn status_to_result(call: &'static str, status: u32) -> Result<()> {
     const OK: u32 = ffi::mla_status_t::MLA_STATUS_OK.0;
     const INVALID: u32 = ffi::mla_status_t::MLA_STATUS_INVALID_ARGUMENT.0;

@@ -8,6 +8,7 @@ use cudarc::driver::{
 
 use crate::buffer::{self, DeviceWrite};
 use crate::error::{Error, Result};
+use crate::ffi::mla_fault_code_t as F;
 use crate::plan::refuse_while_capturing;
 use crate::validate::Buf;
 
@@ -42,31 +43,42 @@ pub enum FaultCode {
 }
 
 impl FaultCode {
+    /// Every known code with its `mla_fault_code_t` value (the C header's, through bindgen).
+    const CODES: [(FaultCode, u32); 7] = [
+        (FaultCode::BadBlockId, F::MLA_FAULT_BAD_BLOCK_ID as u32),
+        (
+            FaultCode::NegativeSeqLen,
+            F::MLA_FAULT_NEGATIVE_SEQ_LEN as u32,
+        ),
+        (
+            FaultCode::SeqLenTooLarge,
+            F::MLA_FAULT_SEQ_LEN_TOO_LARGE as u32,
+        ),
+        (FaultCode::BadSlotId, F::MLA_FAULT_BAD_SLOT_ID as u32),
+        (FaultCode::BadReqId, F::MLA_FAULT_BAD_REQ_ID as u32),
+        (
+            FaultCode::BadAppendSlot,
+            F::MLA_FAULT_BAD_APPEND_SLOT as u32,
+        ),
+        (FaultCode::BadTopkLen, F::MLA_FAULT_BAD_TOPK_LEN as u32),
+    ];
+
     /// The code of a non-zero word 0.
     pub fn from_u32(code: u32) -> FaultCode {
-        match code {
-            1 => FaultCode::BadBlockId,
-            2 => FaultCode::NegativeSeqLen,
-            3 => FaultCode::SeqLenTooLarge,
-            4 => FaultCode::BadSlotId,
-            5 => FaultCode::BadReqId,
-            6 => FaultCode::BadAppendSlot,
-            7 => FaultCode::BadTopkLen,
-            c => FaultCode::Unknown(c),
-        }
+        Self::CODES
+            .iter()
+            .find(|(_, c)| *c == code)
+            .map_or(FaultCode::Unknown(code), |(f, _)| *f)
     }
 
     /// The numeric code (`mla_fault_code_t`).
     pub fn as_u32(self) -> u32 {
         match self {
-            FaultCode::BadBlockId => 1,
-            FaultCode::NegativeSeqLen => 2,
-            FaultCode::SeqLenTooLarge => 3,
-            FaultCode::BadSlotId => 4,
-            FaultCode::BadReqId => 5,
-            FaultCode::BadAppendSlot => 6,
-            FaultCode::BadTopkLen => 7,
             FaultCode::Unknown(c) => c,
+            known => Self::CODES
+                .iter()
+                .find(|(f, _)| *f == known)
+                .map_or(0, |(_, c)| *c),
         }
     }
 }
@@ -93,11 +105,8 @@ impl std::fmt::Display for FaultCode {
 /// (first fault wins; a 32-bit value is stored sign-extended, so word 3 is `0xffffffff` for
 /// a negative one).
 ///
-/// **Today's kernels** (issue #11) store only the low 32 bits of a value in word 2 and
-/// leave word 3 at 0, so [`check`](ErrorFlag::check) reads a negative value as
-/// `2^32 − x` and an append slot past 2^32 as its low bits; they do not record
-/// [`FaultCode::BadTopkLen`] or the gather's seq_len faults yet (those values are clamped
-/// silently).
+/// Every bad value the device meets is both handled (skipped or clamped, docs/DESIGN.md §6)
+/// and recorded here when a flag is given.
 ///
 /// Kernels write it, so the calls take it as `&mut`: one flag cannot be handed to two calls
 /// at once. Use a flag per stream; nothing resets it but [`reset`](ErrorFlag::reset).

@@ -145,7 +145,7 @@ pub use cache_ops::{append_kv, gather_slots, AppendArgs, GatherArgs};
 pub use config::{MlaConfig, Yarn};
 pub use decode::{dense_decode, sparse_decode, DenseArgs, SparseArgs};
 pub use device::{cuda_available, DeviceInfo};
-pub use error::{status_to_result, Error, Result};
+pub use error::{last_c_error, status_to_result, Error, Result};
 pub use flag::{ErrorFlag, FaultCode, FlagReading};
 pub use graph::capture_graph;
 pub use plan::{DecodePlan, DenseShape, PlanKind, PlanOptions, SparseShape, Tuning};

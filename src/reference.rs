@@ -36,20 +36,22 @@ pub struct Fault {
 
 /// Fault codes, equal to `MLA_FAULT_*` in csrc/mla_decode.h.
 pub mod fault_code {
+    use crate::ffi::mla_fault_code_t as F;
+
     /// A block-table entry outside `[0, num_blocks)`: row = request (gather: token), value = entry.
-    pub const BAD_BLOCK_ID: u32 = 1;
+    pub const BAD_BLOCK_ID: u32 = F::MLA_FAULT_BAD_BLOCK_ID as u32;
     /// A seq_len < 0, treated as 0: row = request, value = seq_len.
-    pub const NEGATIVE_SEQ_LEN: u32 = 2;
+    pub const NEGATIVE_SEQ_LEN: u32 = F::MLA_FAULT_NEGATIVE_SEQ_LEN as u32;
     /// A seq_len > max_blocks_per_seq·block_size, clamped to it: row = request, value = seq_len.
-    pub const SEQ_LEN_TOO_LARGE: u32 = 3;
+    pub const SEQ_LEN_TOO_LARGE: u32 = F::MLA_FAULT_SEQ_LEN_TOO_LARGE as u32;
     /// A sparse id other than -1 outside `[0, num_blocks·block_size)`: row = token, value = id.
-    pub const BAD_SLOT_ID: u32 = 4;
+    pub const BAD_SLOT_ID: u32 = F::MLA_FAULT_BAD_SLOT_ID as u32;
     /// A gather req_id outside `[0, batch)`: row = token, value = req_id.
-    pub const BAD_REQ_ID: u32 = 5;
+    pub const BAD_REQ_ID: u32 = F::MLA_FAULT_BAD_REQ_ID as u32;
     /// An append slot (not -1) outside the cache: row = token, value = the slot (all 64 bits).
-    pub const BAD_APPEND_SLOT: u32 = 6;
+    pub const BAD_APPEND_SLOT: u32 = F::MLA_FAULT_BAD_APPEND_SLOT as u32;
     /// A sparse topk_len outside `0..=topk`, clamped: row = token, value = topk_len.
-    pub const BAD_TOPK_LEN: u32 = 7;
+    pub const BAD_TOPK_LEN: u32 = F::MLA_FAULT_BAD_TOPK_LEN as u32;
 }
 
 /// Result of attention: out `[rows, heads, 512]`, lse `[rows, heads]` (natural log), plus every

@@ -97,6 +97,11 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     const int target = sm_count * ctas;
     int parts = (target + m_tiles - 1) / m_tiles;
     if (parts < 1) parts = 1;
+    // At most two 32-row tiles per request row block at the longest length (the one-token
+    // call, top-1/top-32 sparse rows, a short single request): one part, so nothing is ever
+    // split and the combine kernel is not launched; a second tile in the same CTA costs less
+    // than the combine's launch (docs/PERFORMANCE.md log #36).
+    if (all_tiles <= 2) parts = 1;
     *s = mla_schedule_t{};
     s->batch = batch;
     s->q_len = q_len;

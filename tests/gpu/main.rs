@@ -20,17 +20,23 @@
 //! - [`graph`]: `capture_graph` (its refusals; dense and sparse steps replayed with new
 //!   inputs, the flag snapshotted on the device);
 //! - [`capacity`]: preallocated maximum-size buffers: every call with buffers longer than
-//!   its token count, nothing past the count read or written.
+//!   its token count, nothing past the count read or written;
+//! - [`soak`]: random calls across the whole API, a fifth of them bad (`MLA_SOAK_CALLS`;
+//!   `sanitize_soak_random_api`, `MLA_SANITIZE_SOAK_CALLS`, is the sanitizer's);
+//! - [`concurrency`]: two streams, two host threads, two GPUs (skipped, saying so, on a
+//!   one-GPU machine): results bitwise those of the same calls run alone.
 
 #[path = "../kit/mod.rs"]
 mod kit;
 
 mod cache_ops;
 mod capacity;
+mod concurrency;
 mod dense;
 mod end_to_end;
 mod fp8;
 mod graph;
 mod plumbing;
 mod repeat;
+mod soak;
 mod sparse;

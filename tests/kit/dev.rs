@@ -208,6 +208,11 @@ impl<T: Half> DevOut<T> {
     pub fn read(&self, stream: &Arc<CudaStream>) -> Vec<T> {
         stream.clone_dtoh(&self.buf).expect("read out")
     }
+
+    /// The whole buffer, to build other views over it (e.g. a bad one).
+    pub fn raw_mut(&mut self) -> &mut CudaSlice<T> {
+        &mut self.buf
+    }
 }
 
 /// A poisoned device lse `[tokens, heads]`.
@@ -252,6 +257,11 @@ impl DevLse {
     /// The whole buffer (synchronizes).
     pub fn read(&self, stream: &Arc<CudaStream>) -> Vec<f32> {
         stream.clone_dtoh(&self.buf).expect("read lse")
+    }
+
+    /// The whole buffer, to build other views over it (e.g. a bad one).
+    pub fn raw_mut(&mut self) -> &mut CudaSlice<f32> {
+        &mut self.buf
     }
 }
 
