@@ -42,6 +42,10 @@ usage: cargo bench --bench decode -- [OPTIONS]
                                 sparse:t=64,h=8,klen=uniform:LO-HI[,k=K][,seed=S]
                                   (per-row topk_len drawn in LO..=HI; k defaults to HI
                                   and must be >= HI; A*N+... runs work too)
+                                dense/sparse ...,kv=fp8_ds_mla|fp8_ds_mla_pow2|fp8
+                                  (the cache format: fp8_ds_mla with raw (vLLM) or pow2
+                                  (FlashMLA) scales, per-tensor fp8; default the query's
+                                  dtype; the JSON names it in kv_format and scale_rule)
                                 gather:t=128,k=2048[,l=65536][,bs=64]
                                   (the index gather alone)
   --filter SUBSTR             keep the rows whose name contains SUBSTR
@@ -70,7 +74,7 @@ usage: cargo bench --bench decode -- [OPTIONS]
 Times are medians of CUDA-event timings, inputs kept out of L2 as --flush says (the JSON
 names the mode in \"l2\", and each row's own \"l2\" and \"copies\"; the table's L2 column:
 \"rot R\" or \"memset\"). GB/s counts the cache rows the step reads (the sum of the lengths;
-sparse: of the topk_len) x 1152 B + q + out (+ ids read x 4 and topk_len for sparse); % copy
+sparse: of the topk_len) x the format's row bytes (1152; fp8_ds_mla 656, fp8 576) + q + out (+ ids read x 4 and topk_len for sparse); % copy
 compares it with a 1 GiB device-to-device copy; TFLOP/s counts 2 x (576 + 512) per (query
 row, head, cache row it sees: causal, row i of q rows sees L - q + 1 + i). The JSON's
 \"lens\" spells the lengths: L*B, uniform:LO-HI or A*N+B*M.

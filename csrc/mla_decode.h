@@ -60,7 +60,7 @@ extern "C" {
 typedef enum {
     MLA_STATUS_OK = 0,
     MLA_STATUS_INVALID_ARGUMENT = 1, /* a host-side check failed: mla_last_error() names the field */
-    MLA_STATUS_UNSUPPORTED = 2,      /* valid but not implemented (e.g. an fp8 cache in decode) */
+    MLA_STATUS_UNSUPPORTED = 2,      /* valid but not implemented by this build or version */
     MLA_STATUS_NO_DEVICE = 3,        /* no CUDA driver or device, or no current context */
     MLA_STATUS_NOT_BUILT = 4,        /* the library was built without nvcc: no kernels */
     MLA_STATUS_WRONG_DEVICE = 5,     /* the schedule was made for another device than the current one */

@@ -30,7 +30,7 @@ pub enum Error {
     },
     /// The crate was built without nvcc, so it holds no kernels.
     KernelsNotBuilt,
-    /// Valid but not implemented (e.g. decode of an fp8 cache, until issue #12).
+    /// Valid but not implemented by this build or version.
     Unsupported(String),
     /// CUDA-graph capture: [`capture_graph`](crate::capture_graph) refused to start (event
     /// tracking still on, the stream already capturing) or the capture failed, or a call

@@ -485,7 +485,7 @@ impl<'a> KvCacheMut<'a> {
 pub(crate) struct BoundCache<'s> {
     pub desc: CacheDesc,
     pub addr: u64,
-    /// The per-tensor scale's address (0 = none), for the fp8 kernels' params (issue #12).
+    /// The per-tensor scale's address (0 = none), for the fp8 kernels' params.
     #[allow(dead_code)]
     pub scale_addr: u64,
     _guards: (Bound<'s>, Option<Bound<'s>>),

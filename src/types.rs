@@ -121,9 +121,8 @@ impl Element for half::bf16 {
 ///
 /// A [`KvCache`](crate::KvCache) carries its format; a [`DecodePlan`](crate::DecodePlan) is
 /// made for one (`DenseShape::kv_format`, `SparseShape::kv_format`). f16 and bf16 caches are
-/// read with queries of the same dtype; the fp8 formats will be read with f16 or bf16
-/// queries, and today return [`Error::Unsupported`](crate::Error::Unsupported) (their kernels
-/// are issue #12).
+/// read with queries of the same dtype; the fp8 formats with f16 or bf16 queries (the output
+/// has the query's dtype).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KvFormat {
     /// 576 f16 values: 1152 bytes per row.

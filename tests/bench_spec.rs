@@ -10,8 +10,8 @@ use common::cases::lens_label;
 use common::cases::sparse::used_entries;
 use common::cases::CacheBytes;
 use common::gpu::{copies_for, ROTATE_MAX_COPIES};
-use common::spec::{default_cases, CaseSpec, DenseSpec, Lens, SparseSpec, DEFAULT_GRID};
-use mla_decode::DType;
+use common::spec::{default_cases, CacheKind, CaseSpec, DenseSpec, Lens, SparseSpec, DEFAULT_GRID};
+use mla_decode::{DType, KvFormat, ScaleRule};
 
 fn parse(text: &str) -> CaseSpec {
     CaseSpec::parse(text).unwrap_or_else(|e| panic!("{text}: {e}"))
@@ -288,4 +288,60 @@ fn accounting_uses_the_real_lengths() {
     assert_eq!(lens_label(&[512, 512, 8192]), "512*2+8192*1");
     assert_eq!(lens_label(&[1, 2, 3, 4, 5, 6]), "6 lengths 1-6");
     assert_eq!(DType::Bf16.name(), "bf16");
+}
+
+/// `kv=`: the fp8 formats and scale rules, the query's dtype by default (and when named, which
+/// the canonical name leaves out), names that parse back, and the JSON's names.
+#[test]
+fn cache_kinds() {
+    let d = dense("dense:b=64,h=8,l=4096");
+    assert_eq!(d.kv, CacheKind::Query);
+    assert_eq!(dense("dense:b=64,h=8,l=4096,kv=bf16"), d);
+    assert_eq!(
+        dense("dense:b=64,h=8,l=4096,dtype=f16,kv=f16").kv,
+        CacheKind::Query
+    );
+    for (text, kind, format, json, rule) in [
+        (
+            "fp8_ds_mla",
+            CacheKind::Fp8DsMla(ScaleRule::Raw),
+            KvFormat::Fp8DsMla,
+            "fp8_ds_mla",
+            Some("raw"),
+        ),
+        (
+            "fp8_ds_mla_pow2",
+            CacheKind::Fp8DsMla(ScaleRule::Pow2),
+            KvFormat::Fp8DsMla,
+            "fp8_ds_mla",
+            Some("pow2"),
+        ),
+        (
+            "fp8",
+            CacheKind::Fp8,
+            KvFormat::Fp8PerTensor,
+            "fp8",
+            Some("tensor"),
+        ),
+    ] {
+        for dtype in ["bf16", "f16"] {
+            let d = dense(&format!("dense:b=64,h=8,l=4096,dtype={dtype},kv={text}"));
+            assert_eq!(d.kv, kind, "{text}");
+            assert_eq!(kind.format(d.dtype), format);
+            assert_eq!(kind.json_format(d.dtype), json);
+            assert_eq!(kind.scale_rule(), rule);
+            let name = name_of(&d);
+            assert!(name.ends_with(&format!(",kv={text}")), "{name}");
+            assert_eq!(dense(&name), d);
+            let s = sparse(&format!(
+                "sparse:t=8,h=8,pool=131072,dtype={dtype},kv={text}"
+            ));
+            assert_eq!(s.kv, kind);
+            assert_eq!(sparse(&CaseSpec::Sparse(s.clone()).name()), s);
+        }
+    }
+    assert_eq!(CacheKind::Query.json_format(DType::Bf16), "bf16");
+    assert_eq!(CacheKind::Query.scale_rule(), None);
+    refused("dense:b=1,h=8,l=64,kv=f16", "kv=`f16`");
+    refused("sparse:t=1,h=8,kv=fp4", "kv=`fp4`");
 }

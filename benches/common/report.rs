@@ -183,10 +183,8 @@ fn row_json(r: &Row) -> String {
         ("name", quote(&r.name())),
         ("kind", quote(m.kind)),
         ("dtype", text_or_null(m.dtype.map(|d| d.name()))),
-        (
-            "kv_format",
-            text_or_null(m.dtype.map(|d| d.kv_format().name())),
-        ),
+        ("kv_format", text_or_null(m.kv_format)),
+        ("scale_rule", text_or_null(m.scale_rule)),
         ("batch", m.batch.to_string()),
         ("q_len", m.q_len.to_string()),
         ("heads", m.heads.to_string()),

@@ -8,6 +8,10 @@
 //!                                               t, h required; k=2048, dtype=bf16,
 //!                                               pool=65536 (cache slots), bs=64
 //! sparse:t=64,h=8,klen=uniform:1-2048[,seed=0]  per-row topk_len uniform in 1..=2048 (k=HI)
+//! dense/sparse ...,kv=fp8_ds_mla                the cache format: kv=fp8_ds_mla (vLLM's raw
+//!                                               scales), kv=fp8_ds_mla_pow2 (FlashMLA's pow2
+//!                                               scales), kv=fp8 (per-tensor); default: the
+//!                                               query's dtype (kv=bf16 / kv=f16)
 //! gather:t=128,k=2048,l=65536,bs=64             t required; k=2048, l=65536, bs=64
 //! ```
 //! Lengths ([`Lens`]): `uniform:LO-HI` draws each one uniformly in `LO..=HI` (inclusive) from
@@ -24,7 +28,7 @@
 
 use std::fmt;
 
-use mla_decode::{DType, BLOCK_SIZES, MAX_HEADS, MAX_Q_LEN, MAX_TOPK};
+use mla_decode::{DType, KvFormat, ScaleRule, BLOCK_SIZES, MAX_HEADS, MAX_Q_LEN, MAX_TOPK};
 
 use super::rng::Rng;
 
@@ -36,6 +40,59 @@ pub const DEFAULT_BLOCK_SIZE: usize = 64;
 pub const DEFAULT_TOPK: usize = 2048;
 /// Sequence length of each request of a gather case unless it names `l`.
 pub const DEFAULT_GATHER_LEN: usize = 65_536;
+
+/// The cache format of a dense or sparse case (`kv=`): the query's dtype (the default), or
+/// an fp8 format written by the reference quantizer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CacheKind {
+    /// f16/bf16 rows of the query's dtype.
+    #[default]
+    Query,
+    /// `kv=fp8_ds_mla` (raw scales, vLLM) or `kv=fp8_ds_mla_pow2` (pow2 scales, FlashMLA).
+    Fp8DsMla(ScaleRule),
+    /// `kv=fp8`: per-tensor fp8, one fp32 scale.
+    Fp8,
+}
+
+impl CacheKind {
+    /// The library's format for queries of `dtype`.
+    pub fn format(self, dtype: DType) -> KvFormat {
+        match self {
+            CacheKind::Query => dtype.kv_format(),
+            CacheKind::Fp8DsMla(_) => KvFormat::Fp8DsMla,
+            CacheKind::Fp8 => KvFormat::Fp8PerTensor,
+        }
+    }
+
+    /// The JSON's `kv_format`: `bf16`, `f16`, `fp8_ds_mla` or `fp8`.
+    pub fn json_format(self, dtype: DType) -> &'static str {
+        match self {
+            CacheKind::Query => dtype.kv_format().name(),
+            CacheKind::Fp8DsMla(_) => "fp8_ds_mla",
+            CacheKind::Fp8 => "fp8",
+        }
+    }
+
+    /// The JSON's `scale_rule`: `raw`, `pow2`, `tensor` (per-tensor fp8), None for f16/bf16.
+    pub fn scale_rule(self) -> Option<&'static str> {
+        match self {
+            CacheKind::Query => None,
+            CacheKind::Fp8DsMla(ScaleRule::Raw) => Some("raw"),
+            CacheKind::Fp8DsMla(ScaleRule::Pow2) => Some("pow2"),
+            CacheKind::Fp8 => Some("tensor"),
+        }
+    }
+
+    /// The `kv=` value (None for the default).
+    pub fn key(self) -> Option<&'static str> {
+        match self {
+            CacheKind::Query => None,
+            CacheKind::Fp8DsMla(ScaleRule::Raw) => Some("fp8_ds_mla"),
+            CacheKind::Fp8DsMla(ScaleRule::Pow2) => Some("fp8_ds_mla_pow2"),
+            CacheKind::Fp8 => Some("fp8"),
+        }
+    }
+}
 
 /// Per-request lengths (dense `lens`) or per-row topk_len (sparse `klen`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -140,6 +197,8 @@ pub struct DenseSpec {
     pub seed: u64,
     pub block_size: usize,
     pub dtype: DType,
+    /// The cache format (`kv=`).
+    pub kv: CacheKind,
 }
 
 impl DenseSpec {
@@ -181,6 +240,8 @@ pub struct SparseSpec {
     pub pool: usize,
     pub block_size: usize,
     pub dtype: DType,
+    /// The cache format (`kv=`).
+    pub kv: CacheKind,
 }
 
 impl SparseSpec {
@@ -232,6 +293,11 @@ pub const DEFAULT_GRID: &[&str] = &[
     "dense:b=128,h=128,l=4096",
     "dense:b=32,q=2,h=8,l=8192", // GLM-5 at TP8 with one MTP token
     "dense:b=64,h=8,l=4096,dtype=f16",
+    "dense:b=64,h=8,l=4096,kv=fp8_ds_mla",
+    "dense:b=128,h=8,l=8192,kv=fp8_ds_mla",
+    "dense:b=1,h=8,l=4096,kv=fp8_ds_mla",
+    "dense:b=64,h=64,l=4096,kv=fp8_ds_mla",
+    "dense:b=64,h=8,l=4096,kv=fp8",
     "sparse:t=1,h=8",
     "sparse:t=1,h=8,k=1",
     "sparse:t=32,h=8",
@@ -241,6 +307,19 @@ pub const DEFAULT_GRID: &[&str] = &[
     "sparse:t=64,h=64",
     "sparse:t=128,h=128",
     "sparse:t=128,h=8,dtype=f16",
+    // fp8_ds_mla and their bf16 twins over a pool larger than the H200's L2 (86 MB in fp8)
+    "sparse:t=1,h=8,pool=131072,kv=fp8_ds_mla",
+    "sparse:t=1,h=8,pool=131072",
+    "sparse:t=32,h=8,pool=131072,kv=fp8_ds_mla",
+    "sparse:t=32,h=8,pool=131072",
+    "sparse:t=128,h=8,pool=131072,kv=fp8_ds_mla",
+    "sparse:t=128,h=8,pool=131072",
+    "sparse:t=128,h=16,pool=131072,kv=fp8_ds_mla",
+    "sparse:t=128,h=16,pool=131072",
+    "sparse:t=64,h=64,pool=131072,kv=fp8_ds_mla",
+    "sparse:t=64,h=64,pool=131072",
+    "sparse:t=128,h=128,pool=131072,kv=fp8_ds_mla",
+    "sparse:t=128,h=128,pool=131072",
     "gather:t=128,k=2048",
 ];
 
@@ -360,6 +439,9 @@ impl fmt::Display for CaseSpec {
                 if d.seed != 0 {
                     write!(f, ",seed={}", d.seed)?;
                 }
+                if let Some(kv) = d.kv.key() {
+                    write!(f, ",kv={kv}")?;
+                }
                 Ok(())
             }
             CaseSpec::Sparse(s) => {
@@ -379,6 +461,9 @@ impl fmt::Display for CaseSpec {
                 }
                 if s.seed != 0 {
                     write!(f, ",seed={}", s.seed)?;
+                }
+                if let Some(kv) = s.kv.key() {
+                    write!(f, ",kv={kv}")?;
                 }
                 Ok(())
             }
@@ -525,6 +610,7 @@ impl<'a> Fields<'a> {
         } else {
             self.batch("b", lens.as_ref())?
         };
+        let dtype = self.dtype()?;
         Ok(DenseSpec {
             batch,
             q_len,
@@ -533,7 +619,8 @@ impl<'a> Fields<'a> {
             lens,
             seed,
             block_size: self.block_size()?,
-            dtype: self.dtype()?,
+            dtype,
+            kv: self.kv(dtype)?,
         })
     }
 
@@ -554,6 +641,7 @@ impl<'a> Fields<'a> {
             return Err(self.err(format!("klen reaches {hi}, more than k={topk}")));
         }
         let seed = self.seed(klen.as_ref())?;
+        let dtype = self.dtype()?;
         Ok(SparseSpec {
             tokens,
             heads,
@@ -562,7 +650,8 @@ impl<'a> Fields<'a> {
             seed,
             pool: self.count("pool", Some(DEFAULT_POOL))?,
             block_size: self.block_size()?,
-            dtype: self.dtype()?,
+            dtype,
+            kv: self.kv(dtype)?,
         })
     }
 
@@ -580,6 +669,21 @@ impl<'a> Fields<'a> {
             None | Some("bf16") => Ok(DType::Bf16),
             Some("f16") => Ok(DType::F16),
             Some(other) => Err(self.err(format!("dtype=`{other}` (expected bf16 or f16)"))),
+        }
+    }
+
+    /// `kv=`: the query's dtype by default (and when named), or an fp8 format.
+    fn kv(&mut self, dtype: DType) -> Result<CacheKind, String> {
+        match self.take("kv") {
+            None => Ok(CacheKind::Query),
+            Some(v) if v == dtype.name() => Ok(CacheKind::Query),
+            Some("fp8_ds_mla") => Ok(CacheKind::Fp8DsMla(ScaleRule::Raw)),
+            Some("fp8_ds_mla_pow2") => Ok(CacheKind::Fp8DsMla(ScaleRule::Pow2)),
+            Some("fp8") => Ok(CacheKind::Fp8),
+            Some(other) => Err(self.err(format!(
+                "kv=`{other}` (expected {}, fp8_ds_mla, fp8_ds_mla_pow2 or fp8)",
+                dtype.name()
+            ))),
         }
     }
 

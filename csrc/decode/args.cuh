@@ -52,6 +52,7 @@ struct DecodeArgs {
     FastDiv closed_tiles;  // tiles_of(max_len)
     FastDiv closed_chunk;  // split_chunk(batch * tiles_of(max_len), ...)
     int32_t closed_total;
+    const float* kv_scale;  // MLA_KV_FP8: the tensor scale (device pointer); else NULL
 };
 
 // Query row m of request b: the token index and head.

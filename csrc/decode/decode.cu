@@ -5,6 +5,7 @@
 #include "common/status.cuh"
 #include "decode/combine.cuh"
 #include "decode/config.cuh"
+#include "decode/format_fp8.cuh"
 #include "decode/kernel.cuh"
 #include "decode/launch.cuh"
 #include "decode/split.cuh"
@@ -33,8 +34,9 @@ cudaError_t launch_pdl(void (*kernel)(DecodeArgs), dim3 grid, int threads, int s
     return cudaLaunchKernelEx(&cfg, kernel, a);
 }
 
-template <typename T, bool kSparse>
+template <typename Fmt, bool kSparse>
 mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& a, cudaStream_t st) {
+    using T = typename Fmt::Elem;
     const dim3 grid(s->num_m_tiles, s->num_parts);
     const int z = s->internal.combine_slices;
     const dim3 cgrid(max_splits(s->batch, s->num_parts), (a.m_rows + a.combine_rows - 1) / a.combine_rows, z);
@@ -44,7 +46,7 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& a, cudaStre
     const mla_schedule_internal_t& in = s->internal;
     MLA_CUDA_TRY(with_config(in.warps, in.block_m, [&](auto c) {
         using C = decltype(c);
-        return launch_pdl(decode_kernel<RowF16<T>, kSparse, C>, grid, C::kThreads, s->smem_bytes, st, in.pdl, a);
+        return launch_pdl(decode_kernel<Fmt, kSparse, C>, grid, C::kThreads, s->smem_bytes, st, in.pdl, a);
     }));
     // One part: no request is split, whatever the lengths: nothing to merge.
     if (s->num_parts > 1) MLA_CUDA_TRY((launch_pdl(combine, cgrid, kCombineWarps * 32, 0, st, in.pdl, a)));
@@ -52,13 +54,15 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& a, cudaStre
 }
 
 template <bool kSparse>
-mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dtype, void* stream) {
+mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dtype, mla_kv_format_t fmt,
+                    void* stream) {
     int dev = -1;
     MLA_CUDA_TRY(cudaGetDevice(&dev));
     if (dev != s->device)
         return fail(MLA_STATUS_WRONG_DEVICE, "s: the schedule was made for device %d, the current device is %d",
                     s->device, dev);
-    // A schedule edited by hand must still match the configuration it launches.
+    // A schedule edited by hand must still match the configuration it launches. (The fp8
+    // formats need less shared memory than f16/bf16 rows: the schedule's size serves them.)
     const mla_schedule_internal_t& in = s->internal;
     MLA_CHECK(in.combine_slices == 1 || in.combine_slices == 4, "s.internal.combine_slices: %d", in.combine_slices);
     MLA_CHECK(in.combine_slice_min >= 0, "s.internal.combine_slice_min: %d", in.combine_slice_min);
@@ -71,8 +75,16 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
                   s->num_parts >= 1,
               "s: smem_bytes, num_m_tiles or num_parts do not match the configuration (edited by hand?)");
     cudaStream_t st = static_cast<cudaStream_t>(stream);
-    if (dtype == MLA_DTYPE_BF16) return launch_typed<__nv_bfloat16, kSparse>(s, a, st);
-    return launch_typed<__half, kSparse>(s, a, st);
+    // The one list of (query dtype, cache format) -> row format policy (decode/format.cuh,
+    // decode/format_fp8.cuh); common_args accepted only these pairs.
+    if (dtype == MLA_DTYPE_BF16) {
+        if (fmt == MLA_KV_FP8_DS_MLA) return launch_typed<RowFp8DsMla<__nv_bfloat16>, kSparse>(s, a, st);
+        if (fmt == MLA_KV_FP8) return launch_typed<RowFp8Tensor<__nv_bfloat16>, kSparse>(s, a, st);
+        return launch_typed<RowF16<__nv_bfloat16>, kSparse>(s, a, st);
+    }
+    if (fmt == MLA_KV_FP8_DS_MLA) return launch_typed<RowFp8DsMla<__half>, kSparse>(s, a, st);
+    if (fmt == MLA_KV_FP8) return launch_typed<RowFp8Tensor<__half>, kSparse>(s, a, st);
+    return launch_typed<RowF16<__half>, kSparse>(s, a, st);
 }
 
 // Row bytes of a cache format (0 for a value that is not one).
@@ -109,8 +121,11 @@ mla_status_t common_args(const mla_schedule_t* s, const P* p, int64_t tokens, De
         MLA_CHECK((p->kv_format == MLA_KV_F16) == (p->dtype == MLA_DTYPE_F16),
                   "kv_format: an f16/bf16 cache must have the query's dtype");
         MLA_CHECK(p->kv_scale == nullptr, "kv_scale: only MLA_KV_FP8 takes a scale");
+    } else if (p->kv_format == MLA_KV_FP8) {
+        MLA_CHECK(p->kv_scale != nullptr, "kv_scale: NULL (MLA_KV_FP8 reads its fp32 scale on the device)");
+        MLA_CHECK((reinterpret_cast<uintptr_t>(p->kv_scale) & 3) == 0, "kv_scale: not 4-byte aligned");
     } else {
-        return fail(MLA_STATUS_UNSUPPORTED, "kv_format: fp8 caches are not decoded yet (issue #12)");
+        MLA_CHECK(p->kv_scale == nullptr, "kv_scale: only MLA_KV_FP8 takes a scale");
     }
     const int32_t bs = p->block_size;
     MLA_CHECK(bs == 16 || bs == 32 || bs == 64 || bs == 128, "block_size: %d, must be 16, 32, 64 or 128", bs);
@@ -177,6 +192,7 @@ mla_status_t common_args(const mla_schedule_t* s, const P* p, int64_t tokens, De
     a.ws_lse = p->workspace + ws_rows(s->num_parts, a.m_rows) * kLatentDim;
     a.flag = p->error_flag;
     a.pdl = s->internal.pdl;
+    a.kv_scale = p->kv_scale;
     return MLA_STATUS_OK;
 }
 
@@ -190,12 +206,12 @@ mla_status_t set_max_len(const mla_schedule_t* s, int64_t max_len, const char* w
     return MLA_STATUS_OK;
 }
 
-template <typename T, bool kSparse>
+template <typename Fmt, bool kSparse>
 cudaError_t set_smem_attr(int bytes) {
     cudaError_t e = cudaSuccess;
     for_each_config([&](auto c) {
         if (e == cudaSuccess)
-            e = cudaFuncSetAttribute(decode_kernel<RowF16<T>, kSparse, decltype(c)>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+            e = cudaFuncSetAttribute(decode_kernel<Fmt, kSparse, decltype(c)>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      bytes);
     });
     return e;
@@ -203,11 +219,20 @@ cudaError_t set_smem_attr(int bytes) {
 
 }  // namespace
 
+template <typename T>
+cudaError_t allow_smem_dtype(int bytes) {
+    cudaError_t e = set_smem_attr<RowF16<T>, false>(bytes);
+    if (e == cudaSuccess) e = set_smem_attr<RowF16<T>, true>(bytes);
+    if (e == cudaSuccess) e = set_smem_attr<RowFp8DsMla<T>, false>(bytes);
+    if (e == cudaSuccess) e = set_smem_attr<RowFp8DsMla<T>, true>(bytes);
+    if (e == cudaSuccess) e = set_smem_attr<RowFp8Tensor<T>, false>(bytes);
+    if (e == cudaSuccess) e = set_smem_attr<RowFp8Tensor<T>, true>(bytes);
+    return e;
+}
+
 cudaError_t mla::decode_allow_smem(int bytes) {
-    cudaError_t e = set_smem_attr<__nv_bfloat16, false>(bytes);
-    if (e == cudaSuccess) e = set_smem_attr<__nv_bfloat16, true>(bytes);
-    if (e == cudaSuccess) e = set_smem_attr<__half, false>(bytes);
-    if (e == cudaSuccess) e = set_smem_attr<__half, true>(bytes);
+    cudaError_t e = allow_smem_dtype<__nv_bfloat16>(bytes);
+    if (e == cudaSuccess) e = allow_smem_dtype<__half>(bytes);
     return e;
 }
 
@@ -252,7 +277,7 @@ extern "C" mla_status_t mla_dense_decode(const mla_schedule_t* s, const mla_dens
     a.combine_rows = combine_rows(s);
     a.combine_slice_min = s->internal.combine_slice_min;
     prepare_split(a);
-    return launch<false>(s, a, p->dtype, stream);
+    return launch<false>(s, a, p->dtype, p->kv_format, stream);
 }
 
 extern "C" mla_status_t mla_sparse_decode(const mla_schedule_t* s, const mla_sparse_params_t* p, void* stream) {
@@ -280,7 +305,7 @@ extern "C" mla_status_t mla_sparse_decode(const mla_schedule_t* s, const mla_spa
     a.combine_rows = combine_rows(s);
     a.combine_slice_min = s->internal.combine_slice_min;
     prepare_split(a);
-    return launch<true>(s, a, p->dtype, stream);
+    return launch<true>(s, a, p->dtype, p->kv_format, stream);
 }
 
 #ifdef MLA_TRACE

@@ -17,13 +17,18 @@
 //        index in the block, and makes a RowAddr of them (RowF16: the byte offset of the row;
 //        a footer format would keep the block base too, for its scales); the warp then
 //        broadcasts it row by row;
-//      - `copy_row`: the warp's cp.async copies of one row into its staged row (16-byte chunks,
+//      - `copy_row`: the warp's cp.async copies of one row (from a.cache; a format may stage
+//        more, e.g. the tensor scale a.kv_scale) into its staged row (16-byte chunks,
 //        zero-filled when the row is masked: its flags read 0 and its values are never used,
 //        but they must not be NaN garbage either, as P is 0 there);
 //      - `k_frag`, `v_frag`: the B fragments of S = Q K^T (k16 step kk, two n8 tiles) and of
 //        O += P V (16 rows, two n8 tiles of dims), from the staged rows: ldmatrix for 16-bit
 //        rows; a dequantizing format converts its bytes (times the row's scale, or the tensor's
-//        from DecodeArgs) into `Elem` pairs here.
+//        from DecodeArgs) into `Elem` pairs here;
+//      - `kScaledK`: false: k_frag's values are the row's values. true: k_frag gives them
+//        unscaled and `k_scales(sc, stage, krow, kk)` the fp32 scales of the lane's
+//        accumulator rows for step kk, which score_partials applies to each step's product
+//        (so S is exact for scaled formats: decode/format_fp8.cuh).
 //      The query side follows from kQkDim and kRopeDim alone (decode/kernel.cuh: the query is
 //      `Elem`, staged kQkDim wide, whatever the cache holds).
 //   2. Instantiate the kernels for it: decode/decode.cu maps (dtype, cache format) to a policy
@@ -41,6 +46,7 @@
 
 #include "common/constants.cuh"
 #include "common/ptx.cuh"
+#include "decode/args.cuh"
 
 namespace mla {
 
@@ -57,6 +63,8 @@ struct RowF16 {
     static constexpr int kVDim = MLA_LATENT_DIM;        // 512
     static constexpr int kRopeDim = MLA_ROPE_DIM;       // 64
     static_assert(kRowBytes == kQkDim * 2, "a row is kQkDim 16-bit values");
+    // k_frag gives the values themselves (no k_scales; decode/format_fp8.cuh has a format with)
+    static constexpr bool kScaledK = false;
 
     // Swizzled position (in 16-byte chunks) of chunk c of staged row r.
     static __device__ __forceinline__ int chunk(int r, int c) { return r * kChunks + (c ^ (r & 7)); }
@@ -74,9 +82,9 @@ struct RowF16 {
 
     // The warp's copies of the row at `r` into staged row `row` of the stage at shared address
     // `stage`: lane l copies chunks l, l + 32 and l + 64 (< 72).
-    static __device__ __forceinline__ void copy_row(uint32_t stage, int row, const uint8_t* cache, RowAddr r, int lane) {
+    static __device__ __forceinline__ void copy_row(uint32_t stage, int row, const DecodeArgs& a, RowAddr r, int lane) {
         const int bytes = r >= 0 ? 16 : 0;
-        const uint8_t* src = cache + (r >= 0 ? r : 0) + lane * 16;
+        const uint8_t* src = a.cache + (r >= 0 ? r : 0) + lane * 16;
         const uint32_t dst = stage + row * kSmemRowBytes;
         const int x = row & 7;
 #pragma unroll

@@ -86,7 +86,7 @@ __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Cursor& c, 
     for (int i = 0; i < C::kRowsPerWarp; ++i) {
         const typename Fmt::RowAddr roff = Fmt::shfl_row(off, i);
         const int row = warp * C::kRowsPerWarp + i;
-        Fmt::copy_row(kv_base, row, a.cache, roff, lane);
+        Fmt::copy_row(kv_base, row, a, roff, lane);
     }
 }
 
@@ -341,10 +341,30 @@ __device__ __forceinline__ void score_partials(uint32_t kv_base, const uint32_t 
         const int kk = kk0 + ks;
         uint32_t bfr[4];
         C::Format::k_frag(bfr, kv_base, krow, kk, col_half);
+        if constexpr (C::Format::kScaledK) {
+            // A format with scales (fp8): bfr holds the stored values unscaled (exact), and
+            // each k16 step's product is scaled in fp32 by its cache rows' scales
+            // (Format::k_scales: sc[n][e] for the lane's rows 8n + 2tq + e of the warp's 16).
+            float sc[2][2];
+            C::Format::k_scales(sc, kv_base, krow, kk);
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-            mma16816<T>(sacc[mt][0][ks % kPar], qf[mt][ks], bfr[0], bfr[1]);
-            mma16816<T>(sacc[mt][1][ks % kPar], qf[mt][ks], bfr[2], bfr[3]);
+            for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                for (int n = 0; n < 2; ++n) {
+                    float t[4] = {0.f, 0.f, 0.f, 0.f};
+                    mma16816<T>(t, qf[mt][ks], bfr[2 * n], bfr[2 * n + 1]);
+                    float(&acc)[4] = sacc[mt][n][ks % kPar];
+                    acc[0] = fmaf(t[0], sc[n][0], acc[0]);
+                    acc[1] = fmaf(t[1], sc[n][1], acc[1]);
+                    acc[2] = fmaf(t[2], sc[n][0], acc[2]);
+                    acc[3] = fmaf(t[3], sc[n][1], acc[3]);
+                }
+        } else {
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+                mma16816<T>(sacc[mt][0][ks % kPar], qf[mt][ks], bfr[0], bfr[1]);
+                mma16816<T>(sacc[mt][1][ks % kPar], qf[mt][ks], bfr[2], bfr[3]);
+            }
         }
     }
 #pragma unroll

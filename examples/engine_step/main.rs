@@ -48,10 +48,8 @@
 //! 500-3000` (requests that live longer: fewer prefills made up on the host).
 //!
 //! `--kv` picks the cache format: `bf16`, or an fp8 format (`fp8_ds_mla`: 656-byte rows with
-//! per-128 scales; `fp8`: e4m3 with a per-tensor scale), which `append_kv` quantizes into.
-//! Until the fp8 decode kernels land (issue #12) the first decode returns
-//! `Error::Unsupported` and the run stops with that message; the checks already expect the
-//! quantized bytes and the dequantized values.
+//! per-128 scales; `fp8`: e4m3 with a per-tensor scale), which `append_kv` quantizes into
+//! and decode reads; the checks expect the quantized bytes and the dequantized values.
 //!
 //! Without a GPU it prints "no GPU" and exits 0.
 

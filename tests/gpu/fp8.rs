@@ -2,7 +2,10 @@
 //! - the quantize-and-append kernel writes fp8_ds_mla rows (raw and pow2 scales) and
 //!   per-tensor fp8 rows byte for byte as the f64 reference quantizer does, from f16 and bf16
 //!   rows, every block size, padded blocks, -1 and bad slots;
-//! - decoding an fp8 cache is refused as `Unsupported` until its kernels land;
+//! - dense and sparse decode of fp8 caches (both formats, both scale rules, f16/bf16 queries,
+//!   heads 1..=128, q_len 1..=8, every block size and tile configuration, bad ids), written by
+//!   the reference quantizer or by the GPU append, against the f64 reference of the
+//!   dequantized rows; a per-tensor cache needs its scale;
 //! - fault values through `check` are the values the kernels met, 64 bits wide.
 
 use std::sync::Arc;
@@ -169,16 +172,275 @@ fn sanitize_append_fp8() {
     }
 }
 
-/// fp8 caches are described and validated, and refused as unsupported until the kernels
-/// exist (issue #12); a per-tensor cache needs its scale.
+// ---------------------------------------------------------------------------------------------
+// Decode of fp8 caches
+
+/// The tile configurations a case runs (cycled): the schedule's choice, then each forced
+/// (4 warps x 16 rows, 8 x 16, 8 x 32); the environment's MLA_* overrides apply otherwise.
+fn config_options(i: usize, sm120_occupancy: bool) -> PlanOptions {
+    let mut o = plan_options(sm120_occupancy);
+    let (warps, block_m) = [
+        (None, None),
+        (Some(4), Some(16)),
+        (Some(8), Some(16)),
+        (Some(8), Some(32)),
+    ][i % 4];
+    if o.tuning.warps.is_none() && o.tuning.block_m.is_none() {
+        o.tuning.warps = warps;
+        o.tuning.block_m = block_m;
+    }
+    o
+}
+
+/// Head counts the fp8 tests cycle through (1, odd, 8, 16, 64, 128, and odd many).
+const HEADS: [usize; 8] = [1, 3, 8, 16, 64, 128, 7, 33];
+
+/// A random dense problem of `heads` heads in `T` over an fp8 cache of `kind`: q_len 1..=8,
+/// every block size, lengths at edges (scaled to a work budget), padded tables and blocks,
+/// sometimes a bad block id inside a request's length (recorded in the flag).
+fn random_dense_fp8<T: Half>(
+    rng: &mut Rng,
+    heads: usize,
+    kind: Fp8Kind,
+    small: bool,
+) -> Fp8<DenseSetup<T>> {
+    let bs = rng.pick(&BLOCK_SIZES);
+    let q_len = rng.range(1, 9);
+    let batch = if small {
+        rng.range(1, 4)
+    } else {
+        rng.range(1, 17)
+    };
+    let max_len = if small {
+        rng.range(0, 300)
+    } else {
+        rng.range(0, 3000)
+    };
+    let mut lens: Vec<usize> = (0..batch)
+        .map(|_| edge_len(rng, max_len.max(1), bs))
+        .collect();
+    let total: usize = lens.iter().sum();
+    let cap = (WORK_BUDGET / 4 / (heads * q_len)).max(1);
+    if total > cap {
+        lens.iter_mut().for_each(|l| *l = *l * cap / total);
+    }
+    let longest = lens.iter().copied().max().unwrap_or(0).max(1);
+    let spec = DenseSpec {
+        q_len,
+        heads,
+        block_size: bs,
+        max_blocks_per_seq: longest.div_ceil(bs) + rng.below(3),
+        table_pad: if rng.chance(0.5) { 0 } else { rng.range(1, 5) },
+        block_pad: 8 * rng.below(4),
+        spare_blocks: rng.below(4),
+        junk_unused: rng.chance(0.5),
+        seq_lens: lens.iter().map(|&l| l as i32).collect(),
+        scale: rng.softmax_scale(),
+    };
+    let mut s = DenseSetup::<T>::build(rng, &spec);
+    if rng.chance(0.3) {
+        // a bad block id inside a request's length
+        let b = rng.below(batch);
+        let need = lens[b].div_ceil(bs);
+        if need > 0 {
+            let j = rng.below(need);
+            s.table[b * s.table_stride + j] = junk_block(rng, s.cache.num_blocks);
+        }
+    }
+    Fp8::dense(rng, s, kind)
+}
+
+/// A random sparse problem of `heads` heads in `T` over an fp8 cache of `kind`: topk from 1
+/// to 2048, holes, duplicates, bad slot ids, optional topk_len, every block size.
+fn random_sparse_fp8<T: Half>(
+    rng: &mut Rng,
+    heads: usize,
+    kind: Fp8Kind,
+    small: bool,
+) -> Fp8<SparseSetup<T>> {
+    let bs = rng.pick(&BLOCK_SIZES);
+    let topk = if small {
+        rng.pick(&[1usize, 33, 64, 100])
+    } else {
+        rng.pick(&[1usize, 32, 64, 100, 128, 257, 1000, 2048])
+    };
+    let tokens = rng
+        .range(1, if small { 4 } else { 17 })
+        .min((WORK_BUDGET / 4 / ((heads + 4) * topk)).max(1));
+    let num_blocks = if small {
+        rng.range(1, 6)
+    } else {
+        rng.range(1, 300)
+    };
+    let style = RowStyle {
+        hole: rng.pick(&[0.0, 0.05, 0.5]),
+        bad: rng.pick(&[0.0, 0.3]),
+    };
+    let with_len = rng.chance(0.4);
+    let s = random_sparse::<T>(rng, tokens, heads, topk, num_blocks, bs, style, with_len);
+    Fp8::sparse(rng, s, kind)
+}
+
+/// Dense decode of fp8 caches written by the reference quantizer (fp8_ds_mla raw and pow2,
+/// per-tensor) x f16/bf16 queries x head counts 1..=128 x q_len 1..=8 x block sizes x every
+/// tile configuration, against the f64 reference of the dequantized rows; bad block ids.
 #[test]
 #[ignore = "needs a GPU"]
-fn gpu_fp8_caches_are_unsupported() {
+fn fp8_dense_random() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("fp8_dense_random");
+    let mut i = 0;
+    for kind in FP8_KINDS {
+        for dtype in [DType::Bf16, DType::F16] {
+            for heads in HEADS {
+                let options = config_options(i, i % 3 == 0);
+                i += 1;
+                let label = format!("fp8_dense_random {kind:?} heads {heads} (case {i})");
+                with_dtype!(dtype, T => {
+                    let p = random_dense_fp8::<T>(&mut rng, heads, kind, false);
+                    check_problem(&label, &mut rng, &stream, &p, options);
+                });
+            }
+        }
+    }
+}
+
+/// Sparse decode of fp8 caches (as [`fp8_dense_random`]): topk 1..=2048, holes, duplicates,
+/// bad slot ids, topk_len.
+#[test]
+#[ignore = "needs a GPU"]
+fn fp8_sparse_random() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("fp8_sparse_random");
+    let mut i = 0;
+    for kind in FP8_KINDS {
+        for dtype in [DType::Bf16, DType::F16] {
+            for heads in HEADS {
+                let options = config_options(i, i % 3 == 1);
+                i += 1;
+                let label = format!("fp8_sparse_random {kind:?} heads {heads} (case {i})");
+                with_dtype!(dtype, T => {
+                    let p = random_sparse_fp8::<T>(&mut rng, heads, kind, false);
+                    check_problem(&label, &mut rng, &stream, &p, options);
+                });
+            }
+        }
+    }
+}
+
+/// A cache written by the GPU's `append_kv` (every kind, f16 and bf16 rows), read back, then
+/// decoded dense and sparse: the reference reads the dequantized bytes the append wrote.
+#[test]
+#[ignore = "needs a GPU"]
+fn fp8_decode_after_gpu_append() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("fp8_decode_after_gpu_append");
+    let mut i = 0;
+    for kind in FP8_KINDS {
+        for dtype in [DType::Bf16, DType::F16] {
+            for sparse in [false, true] {
+                let heads = HEADS[i % HEADS.len()];
+                let options = config_options(i, false);
+                i += 1;
+                let label =
+                    format!("fp8_decode_after_gpu_append {kind:?} heads {heads} sparse {sparse}");
+                with_dtype!(dtype, T => {
+                    if sparse {
+                        let mut p = random_sparse_fp8::<T>(&mut rng, heads, kind, false);
+                        rewrite_by_append(&stream, &mut p.inner.cache, &mut p.fp8, kind);
+                        check_problem(&label, &mut rng, &stream, &p, options);
+                    } else {
+                        let mut p = random_dense_fp8::<T>(&mut rng, heads, kind, false);
+                        rewrite_by_append(&stream, &mut p.inner.cache, &mut p.fp8, kind);
+                        check_problem(&label, &mut rng, &stream, &p, options);
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// Replaces `fp8`'s bytes by what the GPU append writes from `cache`'s 16-bit rows (every
+/// slot, into a cache of `fp8`'s layout whose padding holds NaN codes), and `cache.values` by
+/// the dequantized rows of those bytes.
+fn rewrite_by_append<T: Half>(
+    stream: &Arc<CudaStream>,
+    cache: &mut HostCache<T>,
+    fp8c: &mut Fp8Cache,
+    kind: Fp8Kind,
+) {
+    let n = cache.num_slots();
+    let mut rows = Vec::with_capacity(n * HEAD_DIM);
+    for slot in 0..n {
+        rows.extend_from_slice(cache.row(slot));
+    }
+    let kv = stream.clone_htod(&rows).unwrap();
+    let slots: Vec<i64> = (0..n as i64).collect();
+    let slots = stream.clone_htod(&slots).unwrap();
+    let mut bytes = stream.clone_htod(&vec![0x7fu8; fp8c.bytes.len()]).unwrap();
+    let scale = stream.clone_htod(&[fp8c.tensor_scale]).unwrap();
+    let mut kc = KvCacheMut::new(&mut bytes, fp8c.layout);
+    if kind.format == KvFormat::Fp8PerTensor {
+        kc = kc.with_scale(&scale);
+    }
+    let args = AppendArgs {
+        kv: &kv,
+        kv_token_stride: HEAD_DIM,
+        slot_mapping: &slots,
+        num_tokens: n,
+        scale_rule: kind.rule,
+    };
+    append_kv(stream, &args, &mut kc, None).unwrap();
+    fp8c.bytes = stream.clone_dtoh(&bytes).unwrap();
+    let (bs, rb, stride) = (
+        fp8c.layout.block_size,
+        kind.format.row_bytes(),
+        fp8c.layout.block_stride_bytes,
+    );
+    let mut values = Vec::with_capacity(n * HEAD_DIM);
+    for slot in 0..n {
+        let at = (slot / bs) * stride + (slot % bs) * rb;
+        let b = &fp8c.bytes[at..at + rb];
+        match kind.format {
+            KvFormat::Fp8DsMla => {
+                values.extend_from_slice(&fp8::dequantize_row(b.try_into().unwrap()))
+            }
+            _ => values.extend_from_slice(&fp8::dequantize_row_per_tensor(b, fp8c.tensor_scale)),
+        }
+    }
+    cache.values = Some(values);
+}
+
+/// Small fp8 dense and sparse problems of every kind, f16 and bf16, every tile
+/// configuration: the memcheck/racecheck/synccheck case.
+#[test]
+#[ignore = "needs a GPU"]
+fn sanitize_fp8_decode_small() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("sanitize_fp8_decode_small");
+    let mut i = 0;
+    for kind in FP8_KINDS {
+        for dtype in [DType::Bf16, DType::F16] {
+            let heads = [1, 3, 16, 40][i % 4];
+            let options = config_options(i, false);
+            i += 1;
+            with_dtype!(dtype, T => {
+                let p = random_dense_fp8::<T>(&mut rng, heads, kind, true);
+                check_problem(&format!("sanitize fp8 dense {kind:?} heads {heads}"), &mut rng, &stream, &p, options);
+                let p = random_sparse_fp8::<T>(&mut rng, heads, kind, true);
+                check_problem(&format!("sanitize fp8 sparse {kind:?} heads {heads}"), &mut rng, &stream, &p, options);
+            });
+        }
+    }
+}
+
+/// A per-tensor fp8 cache needs its scale (an invalid argument naming kv_cache); with it, the
+/// dense decode runs.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_fp8_per_tensor_needs_its_scale() {
     let stream = stream();
     let (heads, block_size) = (8, 64);
-    let cache = stream
-        .alloc_zeros::<u8>(4 * block_size * KvFormat::Fp8DsMla.row_bytes())
-        .unwrap();
     let table = stream.clone_htod(&[0i32, 1]).unwrap();
     let seq_lens = stream.clone_htod(&[100i32]).unwrap();
     let q = stream.alloc_zeros::<bf16>(heads * HEAD_DIM).unwrap();
@@ -189,60 +451,38 @@ fn gpu_fp8_caches_are_unsupported() {
         num_heads: heads,
         block_size,
         max_blocks_per_seq: 2,
-        kv_format: KvFormat::Fp8DsMla,
+        kv_format: KvFormat::Fp8PerTensor,
     };
-    let mut plan = DecodePlan::dense(&stream, shape, PlanOptions::default()).unwrap();
-    let args = DenseArgs {
-        q: Query::contiguous(&q, heads),
-        kv_cache: KvCache::contiguous(&cache, KvFormat::Fp8DsMla, block_size).unwrap(),
-        block_table: BlockTable::new(
-            &table,
-            TableShape {
-                batch: 1,
-                max_blocks_per_seq: 2,
-            },
-        ),
-        seq_lens: &seq_lens,
-        softmax_scale: 0.1,
-    };
-    let err = dense_decode(
-        &stream,
-        &mut plan,
-        &args,
-        &mut Output::contiguous(&mut out, heads),
-        None,
-        None,
-    );
-    assert!(matches!(err, Err(Error::Unsupported(_))), "{err:?}");
-
     let per_tensor = stream
         .alloc_zeros::<u8>(4 * block_size * KvFormat::Fp8PerTensor.row_bytes())
         .unwrap();
     let scale = stream.clone_htod(&[0.5f32]).unwrap();
-    let mut plan = DecodePlan::dense(
-        &stream,
-        DenseShape {
-            kv_format: KvFormat::Fp8PerTensor,
-            ..shape
-        },
-        PlanOptions::default(),
-    )
-    .unwrap();
+    let mut plan = DecodePlan::dense(&stream, shape, PlanOptions::default()).unwrap();
     let kv = KvCache::contiguous(&per_tensor, KvFormat::Fp8PerTensor, block_size).unwrap();
-    for (kv_cache, unsupported) in [(kv.clone(), false), (kv.with_scale(&scale), true)] {
+    for (kv_cache, ok) in [(kv.clone(), false), (kv.with_scale(&scale), true)] {
+        let args = DenseArgs {
+            q: Query::contiguous(&q, heads),
+            kv_cache,
+            block_table: BlockTable::new(
+                &table,
+                TableShape {
+                    batch: 1,
+                    max_blocks_per_seq: 2,
+                },
+            ),
+            seq_lens: &seq_lens,
+            softmax_scale: 0.1,
+        };
         let err = dense_decode(
             &stream,
             &mut plan,
-            &DenseArgs {
-                kv_cache,
-                ..args.clone()
-            },
+            &args,
             &mut Output::contiguous(&mut out, heads),
             None,
             None,
         );
-        if unsupported {
-            assert!(matches!(err, Err(Error::Unsupported(_))), "{err:?}");
+        if ok {
+            assert_eq!(err, Ok(()));
         } else {
             assert!(
                 matches!(

@@ -302,6 +302,9 @@ pub struct HostCache<T> {
     pub block_size: usize,
     /// Elements between blocks (a multiple of 8, >= block_size*576).
     pub stride: usize,
+    /// The rows' values as the reference reads them, `[num_slots, 576]`, when they are not
+    /// `data` (an fp8 cache quantized from this one: the dequantized rows, super::fp8).
+    pub values: Option<Vec<f64>>,
 }
 
 impl<T: Half> HostCache<T> {
@@ -324,6 +327,7 @@ impl<T: Half> HostCache<T> {
             num_blocks,
             block_size,
             stride,
+            values: None,
         }
     }
 
@@ -365,6 +369,10 @@ impl<T: Half> HostCache<T> {
 
     /// Slot `slot` converted to f64, appended to `dst`.
     pub fn push_row_f64(&self, slot: usize, dst: &mut Vec<f64>) {
+        if let Some(v) = &self.values {
+            dst.extend_from_slice(&v[slot * HEAD_DIM..][..HEAD_DIM]);
+            return;
+        }
         dst.extend(self.row(slot).iter().map(|v| v.to_f64()));
     }
 

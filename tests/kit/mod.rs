@@ -7,6 +7,7 @@
 //! - [`problem`]: random dense, sparse and gather problems on the host;
 //! - [`reference`]: `mla_decode::reference` run on those problems (any subset of heads);
 //! - [`check`]: tolerances and comparisons (outputs, gaps, two runs, the error flag);
+//! - [`fp8`]: fp8 caches quantized from a problem's cache, the problem wrapped to read them;
 //! - [`dev`]: the device side (context, uploads, poisoned outputs, one decode of a
 //!   [`Problem`](dev::Problem) generic over f16/bf16, [`with_dtype!`](dev::with_dtype)).
 //!
@@ -15,6 +16,7 @@
 
 pub mod check;
 pub mod dev;
+pub mod fp8;
 pub mod host;
 pub mod problem;
 pub mod reference;
@@ -22,6 +24,7 @@ pub mod rng;
 
 pub use check::*;
 pub use dev::*;
+pub use fp8::*;
 pub use host::*;
 pub use problem::*;
 pub use reference::*;

@@ -5,17 +5,17 @@ use std::sync::Arc;
 use mla_decode::cudarc::driver::{CudaSlice, CudaStream};
 use mla_decode::reference::{self, DenseProblem};
 use mla_decode::{
-    dense_decode, BlockTable, DecodePlan, DenseArgs, DenseShape, Element, KvCache, PlanOptions,
-    TableShape,
+    dense_decode, BlockTable, DecodePlan, DenseArgs, DenseShape, Element, KvCache, KvFormat,
+    PlanOptions, TableShape,
 };
 
 use super::super::check::{self, RefRow};
 use super::super::rng::Rng;
+use super::super::spec::CacheKind;
 use super::super::spec::{CaseSpec, DenseSpec};
 use super::super::Res;
 use super::{
-    bench_softmax_scale, lens_label, Cache, DecodeCase, DecodeKind, Io, Meta, Rotated,
-    FLOP_PER_ROW, ROW_BYTES,
+    bench_softmax_scale, lens_label, Cache, DecodeCase, DecodeKind, Io, Meta, Rotated, FLOP_PER_ROW,
 };
 
 /// A dense problem: requests with their own lengths.
@@ -33,6 +33,7 @@ pub struct DenseSetup {
 /// What a dense case adds to [`DecodeCase`]: the block table and the lengths.
 pub struct DenseKind {
     setup: DenseSetup,
+    kv_format: KvFormat,
     max_blocks: usize,
     table_host: Vec<i32>,
     table: CudaSlice<i32>,
@@ -73,7 +74,8 @@ impl<T: Element> DecodeCase<T, DenseKind> {
             softmax_scale: bench_softmax_scale(),
         };
         let name = CaseSpec::Dense(spec.clone()).name();
-        let mut case = Self::with_table(stream, name, setup, Some(spec.table_len()), rng)?;
+        let mut case =
+            Self::with_table_in(stream, name, setup, Some(spec.table_len()), spec.kv, rng)?;
         case.meta.lens = Some(spec.lens_label());
         Ok(case)
     }
@@ -95,6 +97,18 @@ impl<T: Element> DecodeCase<T, DenseKind> {
         name: String,
         setup: DenseSetup,
         table_len: Option<usize>,
+        rng: &mut Rng,
+    ) -> Res<Self> {
+        Self::with_table_in(stream, name, setup, table_len, CacheKind::Query, rng)
+    }
+
+    /// As [`with_table`](Self::with_table), the cache in format `kv`.
+    pub fn with_table_in(
+        stream: &Arc<CudaStream>,
+        name: String,
+        setup: DenseSetup,
+        table_len: Option<usize>,
+        kv: CacheKind,
         rng: &mut Rng,
     ) -> Res<Self> {
         let bs = setup.block_size;
@@ -119,13 +133,15 @@ impl<T: Element> DecodeCase<T, DenseKind> {
             row[..n].copy_from_slice(&ids[next..next + n]);
             next += n;
         }
-        let cache = Arc::new(Cache::random(stream, num_blocks, bs, rng)?);
+        let cache = Arc::new(Cache::random_in(stream, num_blocks, bs, kv, rng)?);
         let io = Io::new(stream, setup.batch * setup.q_len, setup.heads, rng)?;
         let rows_read: f64 = setup.seq_lens.iter().map(|&l| l.max(0) as f64).sum();
         let meta = Meta {
             name,
             kind: "dense",
             dtype: Some(T::DTYPE),
+            kv_format: Some(kv.json_format(T::DTYPE)),
+            scale_rule: kv.scale_rule(),
             batch: setup.batch,
             q_len: setup.q_len,
             heads: setup.heads,
@@ -133,11 +149,12 @@ impl<T: Element> DecodeCase<T, DenseKind> {
             topk: 0,
             lens: Some(lens_label(&setup.seq_lens)),
             block_size: bs,
-            bytes: rows_read * ROW_BYTES + io.bytes(),
+            bytes: rows_read * cache.row_bytes() as f64 + io.bytes(),
             flop: FLOP_PER_ROW * setup.heads as f64 * visible_rows(&setup.seq_lens, setup.q_len),
             copies: None,
         };
         let kind = DenseKind {
+            kv_format: cache.format(),
             max_blocks,
             table: stream.clone_htod(&table_host)?,
             table_host,
@@ -210,7 +227,7 @@ impl<T: Element> DecodeKind<T> for DenseKind {
             num_heads: self.setup.heads,
             block_size: self.setup.block_size,
             max_blocks_per_seq: self.max_blocks,
-            kv_format: T::DTYPE.kv_format(),
+            kv_format: self.kv_format,
         };
         DecodePlan::dense(stream, shape, options)
     }

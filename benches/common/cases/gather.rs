@@ -95,6 +95,8 @@ impl GatherCase {
             name,
             kind: "gather",
             dtype: None,
+            kv_format: None,
+            scale_rule: None,
             batch: tokens,
             q_len: 1,
             heads: 0,

@@ -16,6 +16,10 @@
 //! how the reference sees the cache (without a copy of it). Dense block tables are a random
 //! permutation of the blocks; sparse slot ids are drawn uniformly without repeats per token.
 //!
+//! An fp8 case (`kv=`) quantizes the chunk with the reference quantizer (per-tensor: one
+//! scale, the chunk's largest magnitude / 448) and tiles the cache with its bytes; the
+//! reference reads the dequantized chunk.
+//!
 //! For `--flush rotate` a dense or sparse case holds identical copies of its cache
 //! ([`Workload::set_copies`]) and each run reads the one [`Workload::select_copy`] picked;
 //! q, tables and indices are not copied (they are small next to the cache rows read).
@@ -27,23 +31,23 @@ pub mod sparse;
 use std::sync::Arc;
 
 use mla_decode::cudarc::driver::{CudaSlice, CudaStream};
-use mla_decode::reference::PagedCache;
+use mla_decode::reference::{fp8, PagedCache};
 use mla_decode::{
-    ffi, DType, DecodePlan, Element, ErrorFlag, KvCache, Lse, MlaConfig, Output, PlanOptions,
-    Query, HEAD_DIM, LATENT_DIM,
+    ffi, CacheLayout, DType, DecodePlan, Element, ErrorFlag, KvCache, KvFormat, Lse, MlaConfig,
+    Output, PlanOptions, Query, HEAD_DIM, LATENT_DIM,
 };
 
 use super::check::{self, Accuracy, RefRow};
 use super::kit::with_dtype;
 use super::rng::Rng;
-use super::spec::CaseSpec;
+use super::spec::{CacheKind, CaseSpec};
 use super::Res;
 
 pub use dense::{DenseCase, DenseKind, DenseSetup};
 pub use gather::{GatherCase, GatherInputs};
 pub use sparse::{SparseCase, SparseKind, SparseSetup};
 
-/// Bytes of one f16/bf16 cache row.
+/// Bytes of one f16/bf16 cache row (fp8 rows: [`Cache::row_bytes`]).
 pub const ROW_BYTES: f64 = 1152.0;
 /// FLOP per (query row, head, cache row): 2·576 for q·k plus 2·512 for p·v.
 pub const FLOP_PER_ROW: f64 = 2.0 * (576.0 + 512.0);
@@ -68,6 +72,10 @@ pub struct Meta {
     pub kind: &'static str,
     /// None for the gather.
     pub dtype: Option<DType>,
+    /// The JSON's `kv_format` (`bf16`, `f16`, `fp8_ds_mla`, `fp8`); None for the gather.
+    pub kv_format: Option<&'static str>,
+    /// The JSON's `scale_rule` (`raw`, `pow2`, `tensor`); None for f16/bf16 and the gather.
+    pub scale_rule: Option<&'static str>,
     /// Requests (dense) or query tokens (sparse, gather).
     pub batch: usize,
     pub q_len: usize,
@@ -80,7 +88,8 @@ pub struct Meta {
     /// `uniform:1-8192`, `512*15+8192*1`; None for the gather.
     pub lens: Option<String>,
     pub block_size: usize,
-    /// Bytes the step must move: cache rows read × 1152 + q + out (+ indices).
+    /// Bytes the step must move: cache rows read × the format's row bytes (1152, 656, 576)
+    /// + q + out (+ indices).
     pub bytes: f64,
     /// FLOP of the step: 2·1088 per (query row, head, cache row it sees).
     pub flop: f64,
@@ -146,41 +155,131 @@ fn no_plan() -> mla_decode::Error {
 
 // ---- the cache ---------------------------------------------------------------------------
 
-/// A contiguous paged cache tiled with one random chunk.
+/// A contiguous paged cache tiled with one random chunk: f16/bf16 rows in `data`, or (an
+/// fp8 `kind`) the chunk quantized, in `bytes` (`data` then holds one row, unused).
 pub struct Cache<T> {
     pub data: CudaSlice<T>,
     pub block_size: usize,
     pub num_blocks: usize,
+    /// The cache format.
+    pub kind: CacheKind,
     chunk: Vec<T>,
+    /// fp8: the cache's bytes, the tensor scale, the dequantized chunk.
+    bytes: Option<CudaSlice<u8>>,
+    scale: Option<CudaSlice<f32>>,
+    dequantized: Vec<f64>,
 }
 
 impl<T: Element> Cache<T> {
-    /// `num_blocks` blocks of `block_size` random rows.
+    /// `num_blocks` blocks of `block_size` random rows of the query's dtype.
     pub fn random(
         stream: &Arc<CudaStream>,
         num_blocks: usize,
         block_size: usize,
         rng: &mut Rng,
     ) -> Res<Self> {
+        Self::random_in(stream, num_blocks, block_size, CacheKind::Query, rng)
+    }
+
+    /// `num_blocks` blocks of `block_size` random rows in format `kind`.
+    pub fn random_in(
+        stream: &Arc<CudaStream>,
+        num_blocks: usize,
+        block_size: usize,
+        kind: CacheKind,
+        rng: &mut Rng,
+    ) -> Res<Self> {
         let chunk = rng.values::<T>(CHUNK_ROWS * HEAD_DIM);
-        let chunk_dev = stream.clone_htod(&chunk)?;
-        let mut data = stream.alloc_zeros::<T>(num_blocks * block_size * HEAD_DIM)?;
-        replicate(stream, &chunk_dev, &mut data)?;
-        Ok(Cache {
-            data,
+        let mut cache = Cache {
+            data: stream.alloc_zeros::<T>(HEAD_DIM)?,
             block_size,
             num_blocks,
+            kind,
             chunk,
-        })
+            bytes: None,
+            scale: None,
+            dequantized: Vec::new(),
+        };
+        if kind == CacheKind::Query {
+            let chunk_dev = stream.clone_htod(&cache.chunk)?;
+            cache.data = stream.alloc_zeros::<T>(num_blocks * block_size * HEAD_DIM)?;
+            replicate(stream, &chunk_dev, &mut cache.data)?;
+            return Ok(cache);
+        }
+        let rows: Vec<f64> = cache.chunk.iter().map(|v| v.to_f64()).collect();
+        let amax = rows.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+        let tensor_scale = (amax / 448.0).max(1e-6) as f32;
+        let rb = cache.row_bytes();
+        let mut q = Vec::with_capacity(CHUNK_ROWS * rb);
+        for row in rows.chunks_exact(HEAD_DIM) {
+            match kind {
+                CacheKind::Fp8DsMla(rule) => {
+                    let b = fp8::quantize_row(row, rule);
+                    cache
+                        .dequantized
+                        .extend_from_slice(&fp8::dequantize_row(&b));
+                    q.extend_from_slice(&b);
+                }
+                _ => {
+                    let b = fp8::quantize_row_per_tensor(row, tensor_scale);
+                    cache
+                        .dequantized
+                        .extend_from_slice(&fp8::dequantize_row_per_tensor(&b, tensor_scale));
+                    q.extend_from_slice(&b);
+                }
+            }
+        }
+        let chunk_dev = stream.clone_htod(&q)?;
+        let mut bytes = stream.alloc_zeros::<u8>(num_blocks * block_size * rb)?;
+        replicate(stream, &chunk_dev, &mut bytes)?;
+        cache.bytes = Some(bytes);
+        cache.scale = Some(stream.clone_htod(&[tensor_scale])?);
+        Ok(cache)
+    }
+
+    /// The library's format.
+    pub fn format(&self) -> KvFormat {
+        self.kind.format(T::DTYPE)
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.format().row_bytes()
+    }
+
+    /// Bytes of the whole cache (one copy).
+    pub fn size_bytes(&self) -> usize {
+        self.num_blocks * self.block_size * self.row_bytes()
     }
 
     pub fn view(&self) -> mla_decode::Result<KvCache<'_>> {
-        KvCache::contiguous(&self.data, T::DTYPE.kv_format(), self.block_size)
+        match &self.bytes {
+            None => KvCache::contiguous(&self.data, T::DTYPE.kv_format(), self.block_size),
+            Some(b) => Ok(self.bytes_view(b)),
+        }
     }
 
-    /// The chunk in f64: the reference's cache, in which device slot `s` is row
-    /// `s % CHUNK_ROWS` and device block `b` is block `b % reference_blocks()`.
+    /// The view of `b`, a copy of this fp8 cache's bytes.
+    fn bytes_view<'a>(&'a self, b: &'a CudaSlice<u8>) -> KvCache<'a> {
+        let layout = CacheLayout {
+            format: self.format(),
+            block_size: self.block_size,
+            num_blocks: self.num_blocks,
+            block_stride_bytes: self.block_size * self.row_bytes(),
+        };
+        let kv = KvCache::new(b, layout);
+        match (&self.scale, self.format()) {
+            (Some(s), KvFormat::Fp8PerTensor) => kv.with_scale(s),
+            _ => kv,
+        }
+    }
+
+    /// The chunk in f64 (fp8: dequantized): the reference's cache, in which device slot `s`
+    /// is row `s % CHUNK_ROWS` and device block `b` is block `b % reference_blocks()`.
     pub fn reference_rows(&self) -> Vec<f64> {
+        if self.bytes.is_some() {
+            return self.dequantized.clone();
+        }
         self.chunk.iter().map(|v| v.to_f64()).collect()
     }
 
@@ -214,8 +313,10 @@ fn replicate<T>(stream: &Arc<CudaStream>, chunk: &CudaSlice<T>, dst: &mut CudaSl
 /// A cache and the identical copies of it that the runs rotate over.
 struct Rotated<T> {
     cache: Arc<Cache<T>>,
-    /// The copies beyond `cache` itself.
+    /// The copies beyond `cache` itself (f16/bf16 caches).
     extra: Vec<CudaSlice<T>>,
+    /// The copies beyond `cache` itself (fp8 caches).
+    extra_bytes: Vec<CudaSlice<u8>>,
     /// The copy steps read: 0 is `cache`, `c` is `extra[c - 1]`.
     current: usize,
     /// Bytes of the distinct cache rows one step reads.
@@ -224,17 +325,19 @@ struct Rotated<T> {
 
 impl<T: Element> Rotated<T> {
     fn new(cache: Arc<Cache<T>>, rows_read: usize) -> Self {
+        let read_bytes = rows_read * cache.row_bytes();
         Rotated {
             cache,
             extra: Vec::new(),
+            extra_bytes: Vec::new(),
             current: 0,
-            read_bytes: rows_read * HEAD_DIM * std::mem::size_of::<T>(),
+            read_bytes,
         }
     }
 
     fn bytes(&self) -> CacheBytes {
         CacheBytes {
-            size: self.cache.data.len() * std::mem::size_of::<T>(),
+            size: self.cache.size_bytes(),
             read: self.read_bytes,
         }
     }
@@ -248,20 +351,31 @@ impl<T: Element> Rotated<T> {
     ) -> Res<Option<usize>> {
         let n = copies.unwrap_or(1).max(1);
         self.extra.truncate(n - 1);
-        while self.extra.len() < n - 1 {
-            self.extra.push(stream.clone_dtod(&self.cache.data)?);
+        self.extra_bytes.truncate(n - 1);
+        match &self.cache.bytes {
+            None => {
+                while self.extra.len() < n - 1 {
+                    self.extra.push(stream.clone_dtod(&self.cache.data)?);
+                }
+            }
+            Some(b) => {
+                while self.extra_bytes.len() < n - 1 {
+                    self.extra_bytes.push(stream.clone_dtod(b)?);
+                }
+            }
         }
         self.current = 0;
         Ok(copies.map(|_| n))
     }
 
     fn select(&mut self, i: usize) {
-        self.current = i % (self.extra.len() + 1);
+        self.current = i % (self.extra.len().max(self.extra_bytes.len()) + 1);
     }
 
     fn view(&self) -> mla_decode::Result<KvCache<'_>> {
         match self.current {
             0 => self.cache.view(),
+            c if self.cache.bytes.is_some() => Ok(self.cache.bytes_view(&self.extra_bytes[c - 1])),
             c => KvCache::contiguous(
                 &self.extra[c - 1],
                 T::DTYPE.kv_format(),

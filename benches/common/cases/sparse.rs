@@ -15,8 +15,7 @@ use super::super::rng::Rng;
 use super::super::spec::{CaseSpec, SparseSpec};
 use super::super::Res;
 use super::{
-    bench_softmax_scale, Cache, DecodeCase, DecodeKind, Io, Meta, Rotated, CHUNK_ROWS,
-    FLOP_PER_ROW, ROW_BYTES,
+    bench_softmax_scale, Cache, DecodeCase, DecodeKind, Io, Meta, Rotated, CHUNK_ROWS, FLOP_PER_ROW,
 };
 
 /// A sparse problem: `tokens` query rows of `topk` slot ids each.
@@ -31,6 +30,7 @@ pub struct SparseSetup {
 /// What a sparse case adds to [`DecodeCase`]: the indices and the optional topk_len.
 pub struct SparseKind {
     setup: SparseSetup,
+    kv_format: mla_decode::KvFormat,
     indices_host: Vec<i32>,
     indices: CudaSlice<i32>,
     topk_len_host: Option<Vec<i32>>,
@@ -45,7 +45,13 @@ impl<T: Element> DecodeCase<T, SparseKind> {
     /// with `klen`, the per-row topk_len drawn from the case's `seed`.
     pub fn from_spec(stream: &Arc<CudaStream>, spec: &SparseSpec, rng: &mut Rng) -> Res<Self> {
         let num_blocks = spec.pool.div_ceil(spec.block_size);
-        let cache = Arc::new(Cache::random(stream, num_blocks, spec.block_size, rng)?);
+        let cache = Arc::new(Cache::random_in(
+            stream,
+            num_blocks,
+            spec.block_size,
+            spec.kv,
+            rng,
+        )?);
         let mut pool: Vec<i32> = (0..i32::try_from(spec.pool)?).collect();
         let mut ids = Vec::with_capacity(spec.tokens * spec.topk);
         for _ in 0..spec.tokens {
@@ -107,6 +113,8 @@ impl<T: Element> DecodeCase<T, SparseKind> {
             name,
             kind: "sparse",
             dtype: Some(T::DTYPE),
+            kv_format: Some(cache.kind.json_format(T::DTYPE)),
+            scale_rule: cache.kind.scale_rule(),
             batch: setup.tokens,
             q_len: 1,
             heads: setup.heads,
@@ -114,12 +122,13 @@ impl<T: Element> DecodeCase<T, SparseKind> {
             topk: setup.topk,
             lens: Some(format!("{}*{}", setup.topk, setup.tokens)),
             block_size: cache.block_size,
-            bytes: rows_read * ROW_BYTES + io.bytes() + index_bytes,
+            bytes: rows_read * cache.row_bytes() as f64 + io.bytes() + index_bytes,
             flop: FLOP_PER_ROW * setup.heads as f64 * rows_read,
             copies: None,
         };
         let distinct_rows = distinct_slots(&used, cache.num_blocks * cache.block_size);
         let kind = SparseKind {
+            kv_format: cache.format(),
             topk_len: topk_len
                 .as_ref()
                 .map(|l| stream.clone_htod(l))
@@ -204,7 +213,7 @@ impl<T: Element> DecodeKind<T> for SparseKind {
             num_tokens: self.setup.tokens,
             num_heads: self.setup.heads,
             topk: self.setup.topk,
-            kv_format: T::DTYPE.kv_format(),
+            kv_format: self.kv_format,
         };
         DecodePlan::sparse(stream, shape, options)
     }
