@@ -186,8 +186,6 @@ typedef struct {
     int32_t pdl;            /* MLA_PDL_* bits in effect (0: no PDL) */
     int32_t min_chunk;      /* fewest 32-row tiles a split-KV part streams */
     int32_t combine_slices; /* combine CTAs per merged row's 512 dims: 1 or 4 */
-    int32_t combine_slice_min; /* with 4 slices: 0 = every split request is sliced; n > 0 = only
-                                  requests of >= n pieces, the others are merged whole */
 } mla_schedule_internal_t;
 
 /* A schedule fixes the grid of the decode kernels for one problem shape on one

@@ -44,7 +44,6 @@ struct DecodeArgs {
     uint32_t* flag;
     int32_t pdl;           // MLA_PDL_* bits (mla_schedule_internal_t::pdl)
     int32_t combine_rows;  // query rows per combine CTA: 1 (8 warps per row) or 8 (a warp per row)
-    int32_t combine_slice_min;  // with 4 combine slices: the fewest pieces a sliced request has (0: all)
     // Divisions prepared on the host: by num_parts and num_heads; and without lengths (every
     // request has max_len rows: the closed form) the tiles per request, the total and the chunk.
     FastDiv parts_div;

@@ -108,13 +108,36 @@ __device__ __forceinline__ void fold_pieces(const DecodeArgs& a, int req_first, 
     }
 }
 
-// Merges the pieces first..last of request r into its out/lse: query row m (or, when
-// a.combine_rows > 1, rows m*combine_rows + warp), dims [dim0, dim0 + 128 * kF4). Warps fold
-// every kCombineWarps-th piece, then warp 0 merges the folds in warp order: the result does
-// not depend on timing. red_o: kCombineWarps * 32 * kF4 float4 of shared memory.
+// Merge the pieces of split requests. CTA (k, m, z): the k-th split request (in request
+// order; found from the lengths like decode's split), query row m, dims slice z of
+// 128 * kF4. Its warps fold every kCombineWarps-th piece, then warp 0 merges the folds in
+// warp order: the result does not depend on timing. When the schedule expects few pieces
+// per request (combine_rows = 8), CTA (k, g, z) instead merges rows 8g..8g+7, a warp per row
+// over all pieces (8x fewer CTAs; ncu showed the kernel's cost growing with its CTA count).
 template <typename T, bool kSparse, int kF4>
-__device__ __forceinline__ void merge_request(const DecodeArgs& a, int r, int first, int last, int first_tail, int m,
-                                              int dim0, float* red_max, float* red_w, float4* red_o) {
+__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const DecodeArgs a) {
+    MLA_TRACE_AT(kTraceCombine, kTraceCombineEntry);
+    __shared__ float red_max[kCombineWarps];
+    __shared__ float red_w[kCombineWarps];
+    __shared__ float4 red_o[kCombineWarps][32 * kF4];
+    constexpr int kScratch = split_scratch_ints<kCombineWarps * 32>();
+    __shared__ int scratch[kScratch + kFoundInts];  // find_split's scratch, then its result
+    int* found_s = scratch + kScratch;
+    const Lens lens{a.lens, a.max_len};
+    const int k = blockIdx.x;
+    const int m = blockIdx.y;  // row (combine_rows == 1) or group of combine_rows rows
+    const int dim0 = blockIdx.z * 128 * kF4;
+    // The k-th split request, in request order, from the lengths (as decode split them).
+    // The lengths are inputs, not decode's output: this runs while decode finishes (with
+    // PDL every decode CTA has passed its own wait, so whatever wrote them is complete);
+    // only the pieces need the wait.
+    const bool found = find_split<kCombineWarps * 32>(a, lens, k, scratch, found_s);
+    if (!found) return;
+    MLA_TRACE_AT(kTraceCombine, kTraceSplitFound);
+    grid_dependency_wait();
+    MLA_TRACE_AT(kTraceCombine, kTraceCombineWaitDone);
+    const int r = found_s[kFoundReq], first = found_s[kFoundFirst], last = found_s[kFoundLast];
+    const int first_tail = found_s[kFoundTail];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (a.combine_rows > 1) {  // few pieces per request: warp w merges row m + w alone
         const int mw = m * a.combine_rows + warp;
@@ -123,6 +146,7 @@ __device__ __forceinline__ void merge_request(const DecodeArgs& a, int r, int fi
             fold_pieces<kF4>(a, first, first_tail, first, last, 1, mw, dim0, f);
             store_merged_row<T, kSparse, kF4>(a, r, mw, dim0, f.acc, f.mx, f.wsum);
         }
+        MLA_TRACE_AT(kTraceCombine, kTraceCombineEnd);
         return;
     }
     // Many pieces: warp w folds pieces first+w, first+w+8, ...; then warp 0 merges the
@@ -132,8 +156,7 @@ __device__ __forceinline__ void merge_request(const DecodeArgs& a, int r, int fi
         fold_pieces<kF4>(a, first, first_tail, first + warp, last, kCombineWarps, m, dim0, f);
 #pragma unroll
         for (int i = 0; i < kF4; ++i)
-            red_o[(warp * 32 + lane) * kF4 + i] =
-                make_float4(f.acc[4 * i], f.acc[4 * i + 1], f.acc[4 * i + 2], f.acc[4 * i + 3]);
+            red_o[warp][lane * kF4 + i] = make_float4(f.acc[4 * i], f.acc[4 * i + 1], f.acc[4 * i + 2], f.acc[4 * i + 3]);
         if (lane == 0) {
             red_max[warp] = f.mx;
             red_w[warp] = f.wsum;
@@ -153,7 +176,7 @@ __device__ __forceinline__ void merge_request(const DecodeArgs& a, int r, int fi
             wt += red_w[w] * sc;
 #pragma unroll
             for (int i = 0; i < kF4; ++i) {
-                const float4 u = red_o[(w * 32 + lane) * kF4 + i];
+                const float4 u = red_o[w][lane * kF4 + i];
                 sum[4 * i + 0] += sc * u.x;
                 sum[4 * i + 1] += sc * u.y;
                 sum[4 * i + 2] += sc * u.z;
@@ -162,54 +185,6 @@ __device__ __forceinline__ void merge_request(const DecodeArgs& a, int r, int fi
         }
     }
     store_merged_row<T, kSparse, kF4>(a, r, m, dim0, sum, mx, wt);
-}
-
-// Merge the pieces of split requests. CTA (k, m, z): the k-th split request (in request
-// order; found from the lengths like decode's split), query row m, dims slice z
-// (merge_request). When the schedule expects few pieces per request (combine_rows = 8), CTA
-// (k, g, z) instead merges rows 8g..8g+7, a warp per row over all pieces (8x fewer CTAs;
-// ncu showed the kernel's cost growing with its CTA count).
-//
-// kF4: 4 = a CTA covers all 512 dims (grid z = 1), 1 = 128 dims each (grid z = 4, every
-// request sliced), 0 = grid z = 4 and the slicing decided per request: a request of at least
-// a.combine_slice_min pieces (one long request among short ones) is sliced over the 4 CTAs,
-// a shorter one is merged whole by CTA z = 0 (the others return) (docs/PERFORMANCE.md log #37).
-template <typename T, bool kSparse, int kF4>
-__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const DecodeArgs a) {
-    MLA_TRACE_AT(kTraceCombine, kTraceCombineEntry);
-    constexpr int kF4Smem = kF4 == 0 ? 4 : kF4;
-    __shared__ float red_max[kCombineWarps];
-    __shared__ float red_w[kCombineWarps];
-    __shared__ float4 red_o[kCombineWarps * 32 * kF4Smem];
-    constexpr int kScratch = split_scratch_ints<kCombineWarps * 32>();
-    __shared__ int scratch[kScratch + kFoundInts];  // find_split's scratch, then its result
-    int* found_s = scratch + kScratch;
-    const Lens lens{a.lens, a.max_len};
-    const int k = blockIdx.x;
-    const int m = blockIdx.y;  // row (combine_rows == 1) or group of combine_rows rows
-    // The k-th split request, in request order, from the lengths (as decode split them).
-    // The lengths are inputs, not decode's output: this runs while decode finishes (with
-    // PDL every decode CTA has passed its own wait, so whatever wrote them is complete);
-    // only the pieces need the wait.
-    const bool found = find_split<kCombineWarps * 32>(a, lens, k, scratch, found_s);
-    if (!found) return;
-    MLA_TRACE_AT(kTraceCombine, kTraceSplitFound);
-    const int r = found_s[kFoundReq], first = found_s[kFoundFirst], last = found_s[kFoundLast];
-    const int first_tail = found_s[kFoundTail];
-    if constexpr (kF4 == 0) {
-        if (last - first + 1 < a.combine_slice_min && blockIdx.z != 0) return;  // merged whole by z = 0
-    }
-    grid_dependency_wait();
-    MLA_TRACE_AT(kTraceCombine, kTraceCombineWaitDone);
-    if constexpr (kF4 == 0) {
-        if (last - first + 1 >= a.combine_slice_min)
-            merge_request<T, kSparse, 1>(a, r, first, last, first_tail, m, blockIdx.z * 128, red_max, red_w, red_o);
-        else
-            merge_request<T, kSparse, 4>(a, r, first, last, first_tail, m, 0, red_max, red_w, red_o);
-    } else {
-        merge_request<T, kSparse, kF4>(a, r, first, last, first_tail, m, blockIdx.z * 128 * kF4, red_max, red_w,
-                                       red_o);
-    }
     MLA_TRACE_AT(kTraceCombine, kTraceCombineEnd);
 }
 

@@ -40,9 +40,7 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& a, cudaStre
     const dim3 grid(s->num_m_tiles, s->num_parts);
     const int z = s->internal.combine_slices;
     const dim3 cgrid(max_splits(s->batch, s->num_parts), (a.m_rows + a.combine_rows - 1) / a.combine_rows, z);
-    auto* combine = z == 4 ? (s->internal.combine_slice_min > 0 ? combine_kernel<T, kSparse, 0>
-                                                                : combine_kernel<T, kSparse, 1>)
-                           : combine_kernel<T, kSparse, 4>;
+    auto* combine = z == 4 ? combine_kernel<T, kSparse, 1> : combine_kernel<T, kSparse, 4>;
     const mla_schedule_internal_t& in = s->internal;
     MLA_CUDA_TRY(with_config(in.warps, in.block_m, [&](auto c) {
         using C = decltype(c);
@@ -65,7 +63,6 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
     // formats need less shared memory than f16/bf16 rows: the schedule's size serves them.)
     const mla_schedule_internal_t& in = s->internal;
     MLA_CHECK(in.combine_slices == 1 || in.combine_slices == 4, "s.internal.combine_slices: %d", in.combine_slices);
-    MLA_CHECK(in.combine_slice_min >= 0, "s.internal.combine_slice_min: %d", in.combine_slice_min);
     MLA_CHECK((in.warps == 4 || in.warps == 8) && (in.block_m == 16 || (in.block_m == 32 && in.warps == 8)),
               "s.internal: warps %d, block_m %d is not a configuration", in.warps, in.block_m);
     MLA_CHECK((in.pdl & ~MLA_PDL_ALL) == 0, "s.internal.pdl: %d", in.pdl);
@@ -275,7 +272,6 @@ extern "C" mla_status_t mla_dense_decode(const mla_schedule_t* s, const mla_dens
     a.table_stride = static_cast<int32_t>(p->batch == 1 ? 0 : p->block_table_stride);
     a.table_cols = p->max_blocks_per_seq;
     a.combine_rows = combine_rows(s);
-    a.combine_slice_min = s->internal.combine_slice_min;
     prepare_split(a);
     return launch<false>(s, a, p->dtype, p->kv_format, stream);
 }
@@ -303,7 +299,6 @@ extern "C" mla_status_t mla_sparse_decode(const mla_schedule_t* s, const mla_spa
     a.table_stride = static_cast<int32_t>(p->num_tokens == 1 ? 0 : p->indices_stride);
     a.table_cols = p->topk;
     a.combine_rows = combine_rows(s);
-    a.combine_slice_min = s->internal.combine_slice_min;
     prepare_split(a);
     return launch<true>(s, a, p->dtype, p->kv_format, stream);
 }

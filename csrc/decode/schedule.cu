@@ -129,14 +129,6 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     // tile's compute leaves the critical path; log #27), else at least kMinChunkTiles.
     in.min_chunk = tune.min_chunk != 0 ? tune.min_chunk : (max_tiles <= sm_count ? 1 : kMinChunkTiles);
     in.combine_slices = tune.combine_slices != 0 ? tune.combine_slices : combine_slices(s);
-    in.combine_slice_min = 0;
-    if (tune.combine_slices == 0 && in.combine_slices == 1 && combine_rows(s) == 1) {
-        // Many pieces per request expected (parts > 16 x batch): slice each request that
-        // turns out to have many pieces (one long request among short ones: its rows are the
-        // combine's critical path) and merge the others whole (log #37).
-        in.combine_slices = 4;
-        in.combine_slice_min = kCombineSliceMinPieces;
-    }
     return MLA_STATUS_OK;
 }
 

@@ -299,10 +299,6 @@ struct Cursor {
 // (a few long sequences) keep 8 warps per row.
 inline int combine_rows(const mla_schedule_t* s) { return s->num_parts <= 16 * s->batch ? kCombineWarps : 1; }
 
-// With many pieces per request expected (combine_rows == 1), a request of at least this many
-// pieces is merged by 4 CTAs, one per 128 dims (mla_schedule_internal_t::combine_slice_min).
-constexpr int kCombineSliceMinPieces = 32;
-
 // Dim slices per merged row (the combine's grid z): 4 when the split rows give at most
 // one combine CTA per two SMs (b=1, t=1: 8 rows; b=4, t=32), so that their piece reads
 // spread over 4x the SMs; else 1: more CTAs then only add CTA waves, each searching the
