@@ -272,6 +272,50 @@ fn dense_long_sequence_131077_rows() {
     check_outputs(&label, &got, &want, &heads);
 }
 
+/// One long request among short ones, in a batch small enough that the schedule expects many
+/// pieces per request (parts > 16 x batch) and enough split rows that the combine slices
+/// per request: the long request (>= 32 pieces) is merged by 4 CTAs of 128 dims, the short
+/// ones whole (combine_slice_min, log #37); both dtypes, every head and a few layouts.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dense_one_long_request_among_short_ones() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("dense_one_long_request_among_short_ones");
+    for (i, (batch, heads, long)) in [(12usize, 8usize, 8192usize), (9, 16, 20_000), (16, 8, 4100)]
+        .into_iter()
+        .enumerate()
+    {
+        let bs = rng.pick(&[16usize, 32, 64, 128]);
+        let mut seq_lens: Vec<i32> = (0..batch).map(|_| rng.range(1, 700) as i32).collect();
+        seq_lens[rng.below(batch)] = long as i32;
+        let spec = DenseSpec {
+            q_len: 1,
+            heads,
+            block_size: bs,
+            max_blocks_per_seq: long.div_ceil(bs),
+            table_pad: rng.below(3),
+            block_pad: 8 * rng.below(2),
+            spare_blocks: 2,
+            junk_unused: true,
+            seq_lens: seq_lens.clone(),
+            scale: rng.softmax_scale(),
+        };
+        let label =
+            format!("one long request: batch {batch} heads {heads} bs {bs} lens {seq_lens:?}");
+        let dtype = [DType::Bf16, DType::F16][i % 2];
+        with_dtype!(dtype, T => {
+            let s = DenseSetup::<T>::build(&mut rng, &spec);
+            let kind = QKind::random(&mut rng);
+            let q = HostQuery::<T>::random(&mut rng, kind, s.tokens(), s.heads);
+            let got = run_once(&mut rng, &stream, &s, &q, Some(RowsKind::Padded), plan_options(false));
+            let all = all_heads(heads);
+            let want = s.reference(&q, &all);
+            check_flag(&label, got.flag, &want.faults);
+            check_outputs(&label, &got, &want, &all);
+        });
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Inputs the host cannot check: bad block ids, bad seq_lens, the error flag
 

@@ -205,7 +205,7 @@ fn random_dense_fp8<T: Half>(
     small: bool,
 ) -> Fp8<DenseSetup<T>> {
     let bs = rng.pick(&BLOCK_SIZES);
-    let q_len = rng.range(1, 9);
+    let q_len = rng.range(1, MAX_Q_LEN);
     let batch = if small {
         rng.range(1, 4)
     } else {
