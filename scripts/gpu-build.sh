@@ -11,11 +11,14 @@
 #   carry [".gpu"], command: bash scripts/gpu-run.sh all
 #
 # usage: scripts/gpu-build.sh [--install]   (--install: pip-install CUDA 13.0 if no nvcc)
-# env:   CARGO_TARGET_DIR, MLA_CUDA_ARCHS (must include 90 for the H200), MLA_GPU_MAX_MIB (56)
+# env:   CARGO_TARGET_DIR (default target/gpu: a kernel library built for fewer architectures
+#        must not be left in target/, where the resource gate reads the shipped cubins),
+#        MLA_CUDA_ARCHS (must include 90 for the H200), MLA_GPU_MAX_MIB (56)
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target/gpu}
 # shellcheck source=scripts/cuda-env.sh
 source scripts/cuda-env.sh --lib
 if ! mla_cuda_env "${1:-}"; then
