@@ -73,10 +73,7 @@ extern "C" mla_status_t mla_append_kv(const mla_append_params_t* p, void* stream
     MLA_CHECK(p->dtype == MLA_DTYPE_F16 || p->dtype == MLA_DTYPE_BF16, "dtype: %d is not an mla_dtype_t",
               static_cast<int>(p->dtype));
     const mla_kv_format_t f = p->kv_format;
-    const int64_t rb = f == MLA_KV_F16 || f == MLA_KV_BF16 ? MLA_ROW_BYTES_16
-                       : f == MLA_KV_FP8_DS_MLA           ? MLA_ROW_BYTES_FP8_DS_MLA
-                       : f == MLA_KV_FP8                  ? MLA_ROW_BYTES_FP8
-                                                          : 0;
+    const int64_t rb = row_bytes_of(f);
     MLA_CHECK(rb != 0, "kv_format: %d is not an mla_kv_format_t", static_cast<int>(f));
     MLA_CHECK(!(f == MLA_KV_F16 || f == MLA_KV_BF16) || (f == MLA_KV_F16) == (p->dtype == MLA_DTYPE_F16),
               "kv_format: an f16/bf16 cache must have the rows' dtype");

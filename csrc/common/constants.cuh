@@ -17,4 +17,12 @@ constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kSm120SmemPerBlock = 101376;       // 99 KB opt-in limit of sm_120
 constexpr int kSm120SmemPerSm = 102400;          // 100 KB per SM on sm_120
 
+// Bytes of one cache row in format f (0 for a value that is not an mla_kv_format_t).
+__host__ __device__ constexpr int64_t row_bytes_of(mla_kv_format_t f) {
+    return f == MLA_KV_F16 || f == MLA_KV_BF16 ? MLA_ROW_BYTES_16
+           : f == MLA_KV_FP8_DS_MLA           ? MLA_ROW_BYTES_FP8_DS_MLA
+           : f == MLA_KV_FP8                  ? MLA_ROW_BYTES_FP8
+                                              : 0;
+}
+
 }  // namespace mla

@@ -4,6 +4,7 @@
 #include <stdio.h>
 
 #include "common/status.cuh"
+#include "common/struct_size.h"
 
 namespace {
 thread_local char g_message[512];
@@ -39,15 +40,4 @@ mla_status_t mla::cuda_fail(cudaError_t e, const char* what) {
 extern "C" const char* mla_last_error(void) { return g_message; }
 extern "C" int32_t mla_last_cuda_error(void) { return g_cuda_error; }
 extern "C" uint32_t mla_abi_version(void) { return MLA_ABI_VERSION; }
-extern "C" size_t mla_struct_size(mla_struct_t which) {
-    switch (which) {
-        case MLA_STRUCT_TUNING: return sizeof(mla_tuning_t);
-        case MLA_STRUCT_SHAPE: return sizeof(mla_shape_t);
-        case MLA_STRUCT_SCHEDULE: return sizeof(mla_schedule_t);
-        case MLA_STRUCT_DENSE_PARAMS: return sizeof(mla_dense_params_t);
-        case MLA_STRUCT_SPARSE_PARAMS: return sizeof(mla_sparse_params_t);
-        case MLA_STRUCT_APPEND_PARAMS: return sizeof(mla_append_params_t);
-        case MLA_STRUCT_GATHER_PARAMS: return sizeof(mla_gather_params_t);
-    }
-    return 0;
-}
+extern "C" size_t mla_struct_size(mla_struct_t which) { return mla_struct_size_of(which); }

@@ -84,17 +84,6 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
     return launch_typed<RowF16<__half>, kSparse>(s, a, st);
 }
 
-// Row bytes of a cache format (0 for a value that is not one).
-int64_t row_bytes(mla_kv_format_t f) {
-    switch (f) {
-        case MLA_KV_F16:
-        case MLA_KV_BF16: return MLA_ROW_BYTES_16;
-        case MLA_KV_FP8_DS_MLA: return MLA_ROW_BYTES_FP8_DS_MLA;
-        case MLA_KV_FP8: return MLA_ROW_BYTES_FP8;
-    }
-    return 0;
-}
-
 // Checks and fills the fields mla_dense_params_t and mla_sparse_params_t share (same names
 // in both); `tokens` is the number of query tokens (batch * q_len or T). Returns
 // MLA_STATUS_OK, or the status of the first argument found wrong (mla_last_error names it).
@@ -110,7 +99,7 @@ mla_status_t common_args(const mla_schedule_t* s, const P* p, int64_t tokens, De
     MLA_CHECK(p->kv_cache != nullptr, "kv_cache: NULL");
     MLA_CHECK(p->out != nullptr, "out: NULL");
     MLA_CHECK(p->workspace != nullptr, "workspace: NULL");
-    const int64_t rb = row_bytes(p->kv_format);
+    const int64_t rb = row_bytes_of(p->kv_format);
     MLA_CHECK(rb != 0, "kv_format: %d is not an mla_kv_format_t", static_cast<int>(p->kv_format));
     MLA_CHECK(p->kv_format == s->kv_format, "kv_format: %d, the schedule was made for %d",
               static_cast<int>(p->kv_format), static_cast<int>(s->kv_format));

@@ -53,8 +53,25 @@ namespace mla {
 // f16 / bf16 rows of 576 values (512 latent + 64 RoPE), 1,152 bytes, staged as they are in
 // 16-byte chunks whose low 3 index bits are XORed with the row (the 8 rows an ldmatrix reads
 // land in 8 different bank groups: a row is 9 x 128 bytes).
+// Where a row of kRowBytes_ bytes lives when rows are packed in their block with everything
+// they need (the values and any per-row scales): its byte offset from the cache base
+// (kNoRow: masked). The formats below inherit it; a format with a per-block footer would keep
+// the block base too.
+template <int kRowBytes_>
+struct RowInBlock {
+    using RowAddr = int64_t;
+    static constexpr RowAddr kNoRow = -1;
+    static __device__ __forceinline__ RowAddr row_addr(int64_t block_base, int in_block) {
+        return block_base + static_cast<int64_t>(in_block) * kRowBytes_;
+    }
+    static __device__ __forceinline__ bool has_row(RowAddr r) { return r >= 0; }
+    static __device__ __forceinline__ RowAddr shfl_row(RowAddr r, int src_lane) {
+        return __shfl_sync(0xffffffffu, r, src_lane);
+    }
+};
+
 template <typename T>
-struct RowF16 {
+struct RowF16 : RowInBlock<MLA_ROW_BYTES_16> {
     using Elem = T;
     static constexpr int kRowBytes = MLA_ROW_BYTES_16;  // 1152
     static constexpr int kSmemRowBytes = kRowBytes;
@@ -69,16 +86,6 @@ struct RowF16 {
     // Swizzled position (in 16-byte chunks) of chunk c of staged row r.
     static __device__ __forceinline__ int chunk(int r, int c) { return r * kChunks + (c ^ (r & 7)); }
 
-    // Where a row lives: its byte offset from the cache base (kNoRow: masked).
-    using RowAddr = int64_t;
-    static constexpr RowAddr kNoRow = -1;
-    static __device__ __forceinline__ RowAddr row_addr(int64_t block_base, int in_block) {
-        return block_base + static_cast<int64_t>(in_block) * kRowBytes;
-    }
-    static __device__ __forceinline__ bool has_row(RowAddr r) { return r >= 0; }
-    static __device__ __forceinline__ RowAddr shfl_row(RowAddr r, int src_lane) {
-        return __shfl_sync(0xffffffffu, r, src_lane);
-    }
 
     // The warp's copies of the row at `r` into staged row `row` of the stage at shared address
     // `stage`: lane l copies chunks l, l + 32 and l + 64 (< 72).

@@ -40,6 +40,7 @@
 #include "common/fp8.cuh"
 #include "common/ptx.cuh"
 #include "decode/args.cuh"
+#include "decode/format.cuh"
 
 namespace mla {
 
@@ -83,7 +84,10 @@ __device__ __forceinline__ uint32_t bf16x2_to_elem(uint32_t v) {
 // e4m3 values; the staged row appends the tensor scale at byte 576, 592 bytes per staged row:
 // every staged row carries it, masked rows too, and the fragments read staged row 0's).
 template <typename T, bool kDsMla>
-struct RowFp8 {
+struct RowFp8 : RowInBlock<kDsMla ? MLA_ROW_BYTES_FP8_DS_MLA : MLA_ROW_BYTES_FP8> {
+    using Base = RowInBlock<kDsMla ? MLA_ROW_BYTES_FP8_DS_MLA : MLA_ROW_BYTES_FP8>;
+    using typename Base::RowAddr;
+    using Base::kNoRow;
     using Elem = T;
     static constexpr int kRowBytes = kDsMla ? MLA_ROW_BYTES_FP8_DS_MLA : MLA_ROW_BYTES_FP8;  // 656 / 576
     static constexpr int kSmemRowBytes = kDsMla ? kRowBytes : kRowBytes + 16;                 // 656 / 592
@@ -96,15 +100,6 @@ struct RowFp8 {
     static_assert(kRowBytes == (kDsMla ? kFp8DsMlaRowBytes : kFp8TensorRowBytes), "row bytes");
     static_assert(kChunks * 16 == kRowBytes && kChunks > 32 && kChunks <= 64, "lane l copies chunks l and l + 32");
 
-    using RowAddr = int64_t;
-    static constexpr RowAddr kNoRow = -1;
-    static __device__ __forceinline__ RowAddr row_addr(int64_t block_base, int in_block) {
-        return block_base + static_cast<int64_t>(in_block) * kRowBytes;
-    }
-    static __device__ __forceinline__ bool has_row(RowAddr r) { return r >= 0; }
-    static __device__ __forceinline__ RowAddr shfl_row(RowAddr r, int src_lane) {
-        return __shfl_sync(0xffffffffu, r, src_lane);
-    }
 
     // Lane l copies chunks l and l + 32 (< kChunks) of the row, packed (no swizzle); per-tensor:
     // the last lane copies the tensor scale (4 bytes) behind the row.

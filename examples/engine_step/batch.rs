@@ -13,6 +13,9 @@
 
 use mla_decode::half::bf16;
 
+use crate::rng::mix;
+pub use crate::rng::Rng;
+
 /// Rows per cache block.
 pub const BLOCK_SIZE: usize = 64;
 /// Positions the DSA indexer picks per token (GLM-5 and DeepSeek-V3.2: 2048).
@@ -20,40 +23,6 @@ pub const TOPK: usize = 2048;
 /// Tokens a request generates before it finishes, by default: uniform in this range,
 /// inclusive.
 pub const GEN_TOKENS: (usize, usize) = (16, 512);
-
-/// SplitMix64: the example's random numbers (seeded, so every run is the same).
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator seeded with `seed`.
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    /// 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        mix(self.0)
-    }
-
-    /// Uniform in `0..n` (`n > 0`).
-    pub fn below(&mut self, n: usize) -> usize {
-        ((self.next_u64() as u128 * n as u128) >> 64) as usize
-    }
-
-    /// Uniform in `lo..=hi`.
-    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + self.below(hi - lo + 1)
-    }
-}
-
-/// SplitMix64's finalizer: 64 well-mixed bits of `z`.
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
 
 /// A key for [`fill_values`] from its parts (a seed, what the values are, and indices).
 pub fn key(parts: &[u64]) -> u64 {

@@ -54,8 +54,12 @@
 //! Without a GPU it prints "no GPU" and exits 0.
 
 mod batch;
+// The tests' and the bench's one random generator (SplitMix64; seeded, so every run is the same).
 mod check;
 mod engine;
+#[path = "../../tests/kit/rng.rs"]
+#[allow(dead_code)]
+mod rng;
 mod watch;
 
 use std::process::ExitCode;

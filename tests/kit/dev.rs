@@ -420,21 +420,15 @@ impl<T: Half> Problem for DenseSetup<T> {
         lse: Option<&mut DevLse>,
         flag: Option<&mut ErrorFlag>,
     ) -> mla_decode::Result<()> {
-        let mut lse_view = lse.map(|l| l.view());
-        let args = DenseArgs {
-            q: q.view(),
-            kv_cache: self.cache.view(&dev.cache),
-            block_table: self.table_view(&dev.table),
-            seq_lens: &dev.seq_lens,
-            softmax_scale: self.scale,
-        };
-        dense_decode(
+        let kv_cache = self.cache.view(&dev.cache);
+        self.decode_over(
             stream,
+            kv_cache,
+            &dev.table,
+            &dev.seq_lens,
             plan,
-            &args,
-            &mut out.view(),
-            lse_view.as_mut(),
-            flag,
+            q,
+            (out, lse, flag),
         )
     }
 
@@ -488,12 +482,84 @@ impl<T: Half> Problem for SparseSetup<T> {
         lse: Option<&mut DevLse>,
         flag: Option<&mut ErrorFlag>,
     ) -> mla_decode::Result<()> {
+        let kv_cache = self.cache.view(&dev.cache);
+        let lens = dev.topk_len.as_ref();
+        self.decode_over(
+            stream,
+            kv_cache,
+            &dev.indices,
+            lens,
+            plan,
+            q,
+            (out, lse, flag),
+        )
+    }
+
+    fn reference_of(&self, q: &HostQuery<T>, heads: &[usize]) -> Attention {
+        self.reference(q, heads)
+    }
+}
+
+/// What a decode writes: the output, the optional lse and the optional flag.
+pub type Written<'o, T> = (
+    &'o mut DevOut<T>,
+    Option<&'o mut DevLse>,
+    Option<&'o mut ErrorFlag>,
+);
+
+impl<T: Half> DenseSetup<T> {
+    /// `dense_decode` of this problem over the cache `kv_cache` (f16/bf16 or fp8: the kit's
+    /// problems differ only in it), with the uploaded table and lengths.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode_over(
+        &self,
+        stream: &Arc<CudaStream>,
+        kv_cache: KvCache<'_>,
+        table: &CudaSlice<i32>,
+        seq_lens: &CudaSlice<i32>,
+        plan: &mut DecodePlan,
+        q: &DevQuery<T>,
+        (out, lse, flag): Written<'_, T>,
+    ) -> mla_decode::Result<()> {
+        let mut lse_view = lse.map(|l| l.view());
+        let args = DenseArgs {
+            q: q.view(),
+            kv_cache,
+            block_table: self.table_view(table),
+            seq_lens,
+            softmax_scale: self.scale,
+        };
+        dense_decode(
+            stream,
+            plan,
+            &args,
+            &mut out.view(),
+            lse_view.as_mut(),
+            flag,
+        )
+    }
+}
+
+impl<T: Half> SparseSetup<T> {
+    /// `sparse_decode` of this problem over the cache `kv_cache`, with the uploaded indices
+    /// and optional per-row lengths.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode_over(
+        &self,
+        stream: &Arc<CudaStream>,
+        kv_cache: KvCache<'_>,
+        indices: &CudaSlice<i32>,
+        topk_len: Option<&CudaSlice<i32>>,
+        plan: &mut DecodePlan,
+        q: &DevQuery<T>,
+        (out, lse, flag): Written<'_, T>,
+    ) -> mla_decode::Result<()> {
         let mut lse_view = lse.map(|l| l.view());
         let args = SparseArgs {
             q: q.view(),
-            kv_cache: self.cache.view(&dev.cache),
-            indices: self.indices_view(&dev.indices),
-            topk_len: dev.topk_len.as_ref().map(|l| l as _),
+            kv_cache,
+            indices: self.indices_view(indices),
+            topk_len: topk_len.map(|l| l as _),
             softmax_scale: self.scale,
         };
         sparse_decode(
@@ -504,10 +570,6 @@ impl<T: Half> Problem for SparseSetup<T> {
             lse_view.as_mut(),
             flag,
         )
-    }
-
-    fn reference_of(&self, q: &HostQuery<T>, heads: &[usize]) -> Attention {
-        self.reference(q, heads)
     }
 }
 

@@ -213,22 +213,10 @@ impl<T: Half> Problem for Fp8<DenseSetup<T>> {
         lse: Option<&mut DevLse>,
         flag: Option<&mut ErrorFlag>,
     ) -> mla_decode::Result<()> {
-        let mut lse_view = lse.map(|l| l.view());
-        let args = DenseArgs {
-            q: q.view(),
-            kv_cache: self.fp8.view(&dev.cache),
-            block_table: self.inner.table_view(&dev.table),
-            seq_lens: dev.lens.as_ref().expect("seq_lens"),
-            softmax_scale: self.inner.scale,
-        };
-        dense_decode(
-            stream,
-            plan,
-            &args,
-            &mut out.view(),
-            lse_view.as_mut(),
-            flag,
-        )
+        let kv_cache = self.fp8.view(&dev.cache);
+        let lens = dev.lens.as_ref().expect("seq_lens");
+        let written = (out, lse, flag);
+        (self.inner).decode_over(stream, kv_cache, &dev.table, lens, plan, q, written)
     }
 
     fn reference_of(&self, q: &HostQuery<T>, heads: &[usize]) -> Attention {
@@ -284,21 +272,16 @@ impl<T: Half> Problem for Fp8<SparseSetup<T>> {
         lse: Option<&mut DevLse>,
         flag: Option<&mut ErrorFlag>,
     ) -> mla_decode::Result<()> {
-        let mut lse_view = lse.map(|l| l.view());
-        let args = SparseArgs {
-            q: q.view(),
-            kv_cache: self.fp8.view(&dev.cache),
-            indices: self.inner.indices_view(&dev.table),
-            topk_len: dev.lens.as_ref().map(|l| l as _),
-            softmax_scale: self.inner.scale,
-        };
-        sparse_decode(
+        let kv_cache = self.fp8.view(&dev.cache);
+        let written = (out, lse, flag);
+        (self.inner).decode_over(
             stream,
+            kv_cache,
+            &dev.table,
+            dev.lens.as_ref(),
             plan,
-            &args,
-            &mut out.view(),
-            lse_view.as_mut(),
-            flag,
+            q,
+            written,
         )
     }
 

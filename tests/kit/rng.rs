@@ -11,6 +11,14 @@ use mla_decode::Element;
 use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, TestRunner};
 
+/// SplitMix64's finalizer: 64 well-mixed bits of `z` (also a stateless hash, e.g. for values
+/// that must be made again from a key).
+pub fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// SplitMix64.
 #[derive(Clone, Debug)]
 pub struct Rng(u64);
@@ -24,10 +32,7 @@ impl Rng {
     /// 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        mix(self.0)
     }
 
     /// Uniform in [0, 1).
