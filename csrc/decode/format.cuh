@@ -80,8 +80,10 @@ struct RowF16 : RowInBlock<MLA_ROW_BYTES_16> {
     static constexpr int kVDim = MLA_LATENT_DIM;        // 512
     static constexpr int kRopeDim = MLA_ROPE_DIM;       // 64
     static_assert(kRowBytes == kQkDim * 2, "a row is kQkDim 16-bit values");
-    // k_frag gives the values themselves (no k_scales; decode/format_fp8.cuh has a format with)
-    static constexpr bool kScaledK = false;
+    // the kernel's 16-bit phases (k_frag, v_frag below); fp8 formats have their own
+    // (decode/fp8_phases.cuh)
+    static constexpr bool kFp8 = false;
+    static constexpr bool kDsMla = false;
 
     // Swizzled position (in 16-byte chunks) of chunk c of staged row r.
     static __device__ __forceinline__ int chunk(int r, int c) { return r * kChunks + (c ^ (r & 7)); }

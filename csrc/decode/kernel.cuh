@@ -11,20 +11,11 @@
 #include "decode/args.cuh"
 #include "decode/config.cuh"
 #include "decode/format.cuh"
+#include "decode/fp8_phases.cuh"
 #include "decode/smem.cuh"
 #include "decode/split.cuh"
 
 namespace mla {
-
-// The staged query tile: kBlockM rows of kQkDim values of the query's element type (16-byte
-// chunks; whatever the cache-row format, the query is f16/bf16). Swizzled position (in
-// 16-byte chunks) of chunk c of row r: the low 3 bits of the chunk index are XORed with the
-// row, so that the 8 rows an ldmatrix reads land in 8 different bank groups (a 576-wide row is
-// 9 x 128 bytes).
-template <typename C>
-__device__ __forceinline__ int q_chunk(int r, int c) {
-    return r * (C::kQRowBytes / 16) + (c ^ (r & 7));
-}
 
 // ---- loading a tile and the Q rows -----------------------------------------------------------
 // The raw table entry behind one tile row, read one iteration before the tile is issued
@@ -290,10 +281,36 @@ struct TilePipeline {
 template <typename C, bool kSparse>
 __device__ __forceinline__ void start_segment(const DecodeArgs& a, const uint8_t* q_s, int b, int m_tile, int qrow,
                                               int kh, int col_half, uint32_t (&qf)[C::kMTiles][C::kSKSteps][4],
-                                              float (&m_run)[C::kMTiles][2], float (&l_run)[C::kMTiles][2],
-                                              float (&o)[C::kMTiles][C::kONTiles][4]) {
+                                              float (&rowf)[C::kMTiles][2], float (&m_run)[C::kMTiles][2],
+                                              float (&l_run)[C::kMTiles][2], float (&o)[C::kMTiles][C::kONTiles][4]) {
     constexpr int kMT = C::kMTiles;
-    if constexpr (C::kQInSmem) {
+    if constexpr (C::Format::kFp8) {
+        // the fp8 path's fragments (decode/fp8_phases.cuh): latent steps k-permuted
+        if constexpr (C::kQInSmem) {
+            fp8_q_from_smem<C>(smem_u32(q_s), kh, qrow, col_half, qf[0]);
+        } else {
+            const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf) {
+                    const int m = m_tile * C::kBlockM + mt * 16 + g + 8 * hf;
+                    const uint8_t* qn = nullptr;
+                    const uint8_t* qr = nullptr;
+                    if (m < a.m_rows) {
+                        int token, head;
+                        row_token_head<kSparse>(a, b, m, token, head);
+                        qn = a.q_nope + (token * a.qn_ts + head * a.qn_hs) * 2;
+                        qr = a.q_rope + (token * a.qr_ts + head * a.qr_hs) * 2;
+                    }
+                    fp8_q_from_global<C>(qn, qr, hf, kh, qf[mt]);
+                }
+        }
+        if constexpr (std::is_same<typename C::Format::Elem, __nv_bfloat16>::value) {
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) fp8_q_bf16_to_f16<C>(qf[mt], rowf[mt]);
+        }
+    } else if constexpr (C::kQInSmem) {
         const uint32_t q_base = smem_u32(q_s);
 #pragma unroll
         for (int ks = 0; ks < C::kSKSteps; ++ks) {
@@ -341,30 +358,10 @@ __device__ __forceinline__ void score_partials(uint32_t kv_base, const uint32_t 
         const int kk = kk0 + ks;
         uint32_t bfr[4];
         C::Format::k_frag(bfr, kv_base, krow, kk, col_half);
-        if constexpr (C::Format::kScaledK) {
-            // A format with scales (fp8): bfr holds the stored values unscaled (exact), and
-            // each k16 step's product is scaled in fp32 by its cache rows' scales
-            // (Format::k_scales: sc[n][e] for the lane's rows 8n + 2tq + e of the warp's 16).
-            float sc[2][2];
-            C::Format::k_scales(sc, kv_base, krow, kk);
 #pragma unroll
-            for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-                for (int n = 0; n < 2; ++n) {
-                    float t[4] = {0.f, 0.f, 0.f, 0.f};
-                    mma16816<T>(t, qf[mt][ks], bfr[2 * n], bfr[2 * n + 1]);
-                    float(&acc)[4] = sacc[mt][n][ks % kPar];
-                    acc[0] = fmaf(t[0], sc[n][0], acc[0]);
-                    acc[1] = fmaf(t[1], sc[n][1], acc[1]);
-                    acc[2] = fmaf(t[2], sc[n][0], acc[2]);
-                    acc[3] = fmaf(t[3], sc[n][1], acc[3]);
-                }
-        } else {
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-                mma16816<T>(sacc[mt][0][ks % kPar], qf[mt][ks], bfr[0], bfr[1]);
-                mma16816<T>(sacc[mt][1][ks % kPar], qf[mt][ks], bfr[2], bfr[3]);
-            }
+        for (int mt = 0; mt < kMT; ++mt) {
+            mma16816<T>(sacc[mt][0][ks % kPar], qf[mt][ks], bfr[0], bfr[1]);
+            mma16816<T>(sacc[mt][1][ks % kPar], qf[mt][ks], bfr[2], bfr[3]);
         }
     }
 #pragma unroll
@@ -442,10 +439,15 @@ __device__ __forceinline__ void read_scores(const float4* part_s, int lane, floa
 // request; len: the request's clamped length; g, tq: the lane's fragment row and column pair.
 template <typename C, bool kSparse>
 __device__ __forceinline__ void softmax_tile(const DecodeArgs& a, float (&s)[C::kMTiles][4][4], const int32_t* valid_lane,
-                                             int pos0, int len, int m_tile, int g, int tq,
+                                             int pos0, int len, int m_tile, int g, int tq, uint32_t kv_base, int warp,
                                              float (&m_run)[C::kMTiles][2], float (&l_run)[C::kMTiles][2],
                                              float (&o)[C::kMTiles][C::kONTiles][4]) {
     constexpr int kMT = C::kMTiles;
+    // fp8_ds_mla: the V scales of the lane's columns go into the max and into P
+    // (decode/fp8_phases.cuh: the scale-aware running max)
+    constexpr bool kVScaled = C::Format::kFp8 && C::Format::kDsMla;
+    float vsc[4][2], vlg[4][2];
+    if constexpr (kVScaled) fp8_v_scales<C>(kv_base, warp, tq, vsc, vlg);
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
         float alpha[2];
@@ -465,7 +467,7 @@ __device__ __forceinline__ void softmax_tile(const DecodeArgs& a, float (&s)[C::
                     const bool ok = valid_lane[jn * 8 + e] != 0 && pos0 + col < row_lim;
                     const float v = ok ? s[mt][jn][hf * 2 + e] * a.scale_log2 : -INFINITY;
                     s[mt][jn][hf * 2 + e] = v;
-                    mx = fmaxf(mx, v);
+                    mx = fmaxf(mx, kVScaled ? v + vlg[jn][e] : v);
                 }
             mx = warp_max4(mx);
             const float m_new = fmaxf(m_run[mt][hf], mx);
@@ -477,7 +479,7 @@ __device__ __forceinline__ void softmax_tile(const DecodeArgs& a, float (&s)[C::
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const float pe = fast_exp2(s[mt][jn][hf * 2 + e] - base);
-                    s[mt][jn][hf * 2 + e] = pe;
+                    s[mt][jn][hf * 2 + e] = kVScaled ? pe * vsc[jn][e] : pe;
                     sum += pe;
                 }
             l_run[mt][hf] = l_run[mt][hf] * alpha[hf] + sum;
@@ -546,7 +548,8 @@ __device__ __forceinline__ void write_segment(const DecodeArgs& a, const Cursor&
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
             const float l = warp_sum4(l_run[mt][hf]);
-            const float inv = l > 0.f ? fast_rcp(l) : 0.f;
+            float inv = l > 0.f ? fast_rcp(l) : 0.f;
+            if constexpr (C::Format::kFp8 && !C::Format::kDsMla) inv *= *a.kv_scale;  // per-tensor: V's scale
             const float lse2 = l > 0.f ? m_run[mt][hf] + fast_log2(l) : -INFINITY;
             const int m = m_tile * C::kBlockM + mt * 16 + g + 8 * hf;
             if (m < a.m_rows) {
@@ -554,10 +557,22 @@ __device__ __forceinline__ void write_segment(const DecodeArgs& a, const Cursor&
                     int token, head;
                     row_token_head<kSparse>(a, b, m, token, head);
                     T* dst = reinterpret_cast<T*>(a.out) + token * a.out_ts + head * a.out_hs + warp * C::kODims + 2 * tq;
+                    if constexpr (C::Format::kFp8) {
+                        // chunk c's even and odd tiles: dims 16c + 4tq .. + 3 (decode/fp8_phases.cuh)
+                        T* d4 = dst + 2 * tq;
 #pragma unroll
-                    for (int n = 0; n < C::kONTiles; ++n) {
-                        *reinterpret_cast<uint32_t*>(dst + n * 8) =
-                            Elem<T>::pack(o[mt][n][2 * hf] * inv, o[mt][n][2 * hf + 1] * inv);
+                        for (int c = 0; c < C::kONTiles / 2; ++c) {
+                            *reinterpret_cast<uint2*>(d4 + c * 16) =
+                                make_uint2(Elem<T>::pack(o[mt][2 * c][2 * hf] * inv, o[mt][2 * c + 1][2 * hf] * inv),
+                                           Elem<T>::pack(o[mt][2 * c][2 * hf + 1] * inv,
+                                                         o[mt][2 * c + 1][2 * hf + 1] * inv));
+                        }
+                    } else {
+#pragma unroll
+                        for (int n = 0; n < C::kONTiles; ++n) {
+                            *reinterpret_cast<uint32_t*>(dst + n * 8) =
+                                Elem<T>::pack(o[mt][n][2 * hf] * inv, o[mt][n][2 * hf + 1] * inv);
+                        }
                     }
                     if (a.lse != nullptr && warp == 0 && tq == 0) {
                         a.lse[token * a.lse_ts + head * a.lse_hs] = lse2 * kLn2;
@@ -565,10 +580,20 @@ __device__ __forceinline__ void write_segment(const DecodeArgs& a, const Cursor&
                 } else {
                     const size_t row = static_cast<size_t>(slot) * a.m_rows + m;
                     float* dst = a.ws_o + row * kLatentDim + warp * C::kODims + 2 * tq;
+                    if constexpr (C::Format::kFp8) {
+                        float* d4 = dst + 2 * tq;
 #pragma unroll
-                    for (int n = 0; n < C::kONTiles; ++n) {
-                        *reinterpret_cast<float2*>(dst + n * 8) =
-                            make_float2(o[mt][n][2 * hf] * inv, o[mt][n][2 * hf + 1] * inv);
+                        for (int c = 0; c < C::kONTiles / 2; ++c) {
+                            *reinterpret_cast<float4*>(d4 + c * 16) =
+                                make_float4(o[mt][2 * c][2 * hf] * inv, o[mt][2 * c + 1][2 * hf] * inv,
+                                            o[mt][2 * c][2 * hf + 1] * inv, o[mt][2 * c + 1][2 * hf + 1] * inv);
+                        }
+                    } else {
+#pragma unroll
+                        for (int n = 0; n < C::kONTiles; ++n) {
+                            *reinterpret_cast<float2*>(dst + n * 8) =
+                                make_float2(o[mt][n][2 * hf] * inv, o[mt][n][2 * hf + 1] * inv);
+                        }
                     }
                     if (warp == 0 && tq == 0) a.ws_lse[row] = lse2;
                 }
@@ -615,6 +640,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) decode_kernel(const DecodeA
     float o[kMT][C::kONTiles][4];
     float m_run[kMT][2], l_run[kMT][2];
     uint32_t qf[kMT][C::kSKSteps][4];
+    float rowf[kMT][2];  // fp8 path, bf16 queries: 2^-a per fragment row (decode/fp8_phases.cuh)
     int seg_j0 = cc.j;  // the first tile of the current segment
 
     for (int x = lo; x < hi; ++x) {
@@ -633,7 +659,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) decode_kernel(const DecodeA
 
         // ---- start a segment: Q fragments, empty accumulators ----
         if (seg_start) {
-            start_segment<C, kSparse>(a, sm.q(), cc.b, m_tile, (mat & 1) * 8 + mrow, kh, mat >> 1, qf, m_run, l_run, o);
+            start_segment<C, kSparse>(a, sm.q(), cc.b, m_tile, (mat & 1) * 8 + mrow, kh, mat >> 1, qf, rowf, m_run, l_run,
+                                      o);
             seg_j0 = cc.j;
         }
 
@@ -642,8 +669,13 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) decode_kernel(const DecodeA
 
         // ---- scores: S = Q K^T, this warp's 16 tile rows over its share of the QK width ----
         const uint32_t kv_base = smem_u32(kv_cur);
-        score_partials<T, C>(kv_base, qf, nh * 16 + (mat >> 1) * 8 + mrow, kh * C::kSKSteps, mat & 1, part_s, warp,
-                             lane);
+        if constexpr (Fmt::kFp8) {
+            fp8_score_partials<T, C>(kv_base, qf, rowf, nh * 16 + (mat >> 1) * 8 + mrow, kh, mat & 1, part_s, warp,
+                                     lane);
+        } else {
+            score_partials<T, C>(kv_base, qf, nh * 16 + (mat >> 1) * 8 + mrow, kh * C::kSKSteps, mat & 1, part_s,
+                                 warp, lane);
+        }
         __syncthreads();
         if constexpr (C::kSplitK == 4) {
             sum_partials<C>(part_s, warp, lane);
@@ -654,10 +686,15 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) decode_kernel(const DecodeA
         // ---- softmax: the full S (every warp reads it in the same order), mask, online softmax ----
         float s[kMT][4][4];
         read_scores<C>(part_s, lane, s);
-        softmax_tile<C, kSparse>(a, s, valid_cur + 2 * tq, cc.j << kTileShift, cc.len, m_tile, g, tq, m_run, l_run, o);
+        softmax_tile<C, kSparse>(a, s, valid_cur + 2 * tq, cc.j << kTileShift, cc.len, m_tile, g, tq, kv_base, warp,
+                                 m_run, l_run, o);
 
         // ---- P V: O += P V over this warp's output dims ----
-        pv_tile<T, C>(kv_base, s, (mat & 1) * 8 + mrow, warp, mat >> 1, o);
+        if constexpr (Fmt::kFp8) {
+            fp8_pv_tile<C>(kv_base, s, (mat & 1) * 8 + mrow, warp, mat >> 1, o);
+        } else {
+            pv_tile<T, C>(kv_base, s, (mat & 1) * 8 + mrow, warp, mat >> 1, o);
+        }
 
         if (x == lo) MLA_TRACE_AT(kTraceDecode, kTraceFirstPvDone);
         // ---- write: at the end of a segment, normalize and write ----

@@ -22,6 +22,16 @@
 
 namespace mla {
 
+// The staged query tile: kBlockM rows of kQkDim values of the query's element type (16-byte
+// chunks; whatever the cache-row format, the query is f16/bf16). Swizzled position (in
+// 16-byte chunks) of chunk c of row r: the low 3 bits of the chunk index are XORed with the
+// row, so that the 8 rows an ldmatrix reads land in 8 different bank groups (a 576-wide row is
+// 9 x 128 bytes).
+template <typename C>
+__device__ __forceinline__ int q_chunk(int r, int c) {
+    return r * (C::kQRowBytes / 16) + (c ^ (r & 7));
+}
+
 template <typename C>
 struct SmemPlan {
     static constexpr int kKvOffset = 0;
