@@ -173,8 +173,17 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint16_t v) {
     asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(v));
     return r;
 }
-// e4m3x4 -> two f16x2: lo = bytes 0,1; hi = bytes 2,3.
+// e4m3x4 -> two f16x2: lo = bytes 0,1; hi = bytes 2,3. The halves are split inside the asm
+// (mov.b32 {l, h}) so that ptxas reads the high one as an operand half (F2FP ... R.H1)
+// instead of shifting it out first (one instruction per register saved).
 __device__ __forceinline__ void e4m3x4_to_f16x2x2(uint32_t v, uint32_t& lo, uint32_t& hi) {
+    asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+        : "=r"(lo), "=r"(hi)
+        : "r"(v));
+}
+// The same with the high half shifted out first (an extra instruction, but ptxas allocates
+// registers differently: for kernels at the register cap).
+__device__ __forceinline__ void e4m3x4_to_f16x2x2_shifted(uint32_t v, uint32_t& lo, uint32_t& hi) {
     lo = e4m3x2_to_f16x2(static_cast<uint16_t>(v & 0xffffu));
     hi = e4m3x2_to_f16x2(static_cast<uint16_t>(v >> 16));
 }

@@ -84,6 +84,8 @@ struct RowF16 : RowInBlock<MLA_ROW_BYTES_16> {
     // (decode/fp8_phases.cuh)
     static constexpr bool kFp8 = false;
     static constexpr bool kDsMla = false;
+    // staged rows are not the stored bytes in order (the chunks are swizzled)
+    static constexpr bool kStagedAsStored = false;
 
     // Swizzled position (in 16-byte chunks) of chunk c of staged row r.
     static __device__ __forceinline__ int chunk(int r, int c) { return r * kChunks + (c ^ (r & 7)); }

@@ -50,6 +50,9 @@ struct RowFp8 : RowInBlock<kDsMla_ ? MLA_ROW_BYTES_FP8_DS_MLA : MLA_ROW_BYTES_FP
     using Elem = T;
     static constexpr bool kFp8 = true;  // the kernel's fp8 phases (decode/fp8_phases.cuh)
     static constexpr bool kDsMla = kDsMla_;
+    // fp8_ds_mla rows are staged byte for byte as stored (packed, no swizzle): consecutive
+    // rows of a block are one contiguous copy (load_tile); per-tensor rows carry the scale
+    static constexpr bool kStagedAsStored = kDsMla;
     static constexpr int kRowBytes = kDsMla ? MLA_ROW_BYTES_FP8_DS_MLA : MLA_ROW_BYTES_FP8;  // 656 / 576
     static constexpr int kSmemRowBytes = kDsMla ? kRowBytes : kRowBytes + 16;                 // 656 / 592
     static constexpr int kChunks = kRowBytes / 16;                                             // 41 / 36

@@ -323,7 +323,7 @@ __device__ __forceinline__ void fp8_pv_tile(uint32_t kv_base, const float (&s)[C
             for (int j = 0; j < 2; ++j) {
                 uint32_t even[2], odd[2];
 #pragma unroll
-                for (int h = 0; h < 2; ++h) e4m3x4_to_f16x2x2(prmt(r[2 * j + h], 0x3120u), even[h], odd[h]);
+                for (int h = 0; h < 2; ++h) e4m3x4_to_f16x2x2_shifted(prmt(r[2 * j + h], 0x3120u), even[h], odd[h]);
 #pragma unroll
                 for (int mt = 0; mt < kMT; ++mt) {
                     mma16816<__half>(o[mt][4 * pr + 2 * j], pa[mt], even[0], even[1]);

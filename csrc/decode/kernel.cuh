@@ -73,6 +73,23 @@ __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Cursor& c, 
         valid_stage[r] = Fmt::has_row(off);
     }
     const uint32_t kv_base = smem_u32(kv_stage);
+    if constexpr (!kSparse && Fmt::kStagedAsStored && C::kMTiles == 1) {
+        // (Not with two m-tiles: that configuration is compute-bound and at the register cap.)
+        // Dense, rows staged byte for byte as stored: the warp's kRowsPerWarp rows are
+        // consecutive positions inside one block (they start at a multiple of kRowsPerWarp <= 8,
+        // block sizes are powers of two >= 16), so when all are valid they are one contiguous span,
+        // copied as such: lane l copies 16-byte chunks l, l + 32, ... (no per-row shuffles).
+        if (__all_sync(0xffffffffu, lane >= C::kRowsPerWarp || Fmt::has_row(off))) {
+            constexpr int kSpanChunks = C::kRowsPerWarp * Fmt::kRowBytes / 16;
+            const uint8_t* src = a.cache + Fmt::shfl_row(off, 0) + lane * 16;
+            const uint32_t dst = kv_base + warp * C::kRowsPerWarp * Fmt::kSmemRowBytes + lane * 16;
+#pragma unroll
+            for (int i = 0; i < (kSpanChunks + 31) / 32; ++i) {
+                if (i * 32 + 32 <= kSpanChunks || lane + i * 32 < kSpanChunks) cp_async_16(dst + i * 512, src + i * 512, 16);
+            }
+            return;
+        }
+    }
 #pragma unroll
     for (int i = 0; i < C::kRowsPerWarp; ++i) {
         const typename Fmt::RowAddr roff = Fmt::shfl_row(off, i);
