@@ -21,14 +21,14 @@
 //        more, e.g. the tensor scale a.kv_scale) into its staged row (16-byte chunks,
 //        zero-filled when the row is masked: its flags read 0 and its values are never used,
 //        but they must not be NaN garbage either, as P is 0 there);
-//      - `k_frag`, `v_frag`: the B fragments of S = Q K^T (k16 step kk, two n8 tiles) and of
-//        O += P V (16 rows, two n8 tiles of dims), from the staged rows: ldmatrix for 16-bit
-//        rows; a dequantizing format converts its bytes (times the row's scale, or the tensor's
-//        from DecodeArgs) into `Elem` pairs here;
-//      - `kScaledK`: false: k_frag's values are the row's values. true: k_frag gives them
-//        unscaled and `k_scales(sc, stage, krow, kk)` the fp32 scales of the lane's
-//        accumulator rows for step kk, which score_partials applies to each step's product
-//        (so S is exact for scaled formats: decode/format_fp8.cuh).
+//      - `k_frag`, `v_frag` (16-bit formats): the B fragments of S = Q K^T (k16 step kk, two
+//        n8 tiles) and of O += P V (16 rows, two n8 tiles of dims), from the staged rows
+//        (ldmatrix);
+//      - `kFp8`, `kDsMla`: false here. An fp8 format sets kFp8 and the kernel runs its fp8
+//        phases instead of k_frag / v_frag (decode/fp8_phases.cuh: ldmatrix on the fp8 bytes,
+//        the query k-permuted, scales applied per 128-wide tile to S and folded into P); a new
+//        fp8 layout extends those phases (where its scales and RoPE live) rather than this
+//        struct.
 //      The query side follows from kQkDim and kRopeDim alone (decode/kernel.cuh: the query is
 //      `Elem`, staged kQkDim wide, whatever the cache holds).
 //   2. Instantiate the kernels for it: decode/decode.cu maps (dtype, cache format) to a policy

@@ -28,7 +28,7 @@
 //     dims 16c + 4tq + {0, 2} and {1, 3}: four contiguous dims per row (write_fp8_row).
 //   - The V scale goes into P: each warp's output dims lie in one scale tile t, and
 //     P''[m][n] = 2^(s[m][n] - C[m]) * scale[n][t] in f16, where C is a scale-aware running max,
-//     C[m] = max over the rows seen of s[m][n] + log2|scale[n][t]| (clamped to [-64, 100]: scales up to 2^100): the
+//     C[m] = max over the rows seen of s[m][n] + log2|scale[n][t]| (clamped to [-100, 100]): the
 //     largest P'' is near 1 and every P'' is rounded relative to it, as an f16 P is. The sum
 //     l = sum 2^(s - C) and the rescaling by 2^(C_old - C_new) follow C, so O = o / l and
 //     lse = C + log2 l exactly as with a 16-bit cache (each warp has its own C: its own t).
@@ -139,7 +139,8 @@ __device__ __forceinline__ void fp8_q_from_global(const uint8_t* qn, const uint8
 }
 
 // bf16 queries: per fragment row (g: hf = 0, g + 8: hf = 1) the power of two 2^a that puts the
-// largest |q| of the warp's dims in [2^14, 2^15) (a in [-64, 64]; zero rows: 2^64), rowf = 2^-a;
+// largest |q| of the warp's dims in [2^14, 2^15) (a in [-110, 110]: queries up to 2^124; zero
+// rows: 2^110), rowf = 2^-a;
 // the latent steps become f16 (q * 2^a rounded: exact down to 2^-28 of the maximum), the RoPE
 // steps stay bf16 (q * 2^a, exact).
 template <typename C>
@@ -157,7 +158,7 @@ __device__ __forceinline__ void fp8_q_bf16_to_f16(uint32_t (&qf)[C::kSKSteps][4]
         mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const int e = static_cast<int>(mx >> 7) & 0xff;  // the bf16 exponent field (0: zero)
-        const int a = min(max(141 - e, -64), 64);       // 14 - (e - 127)
+        const int a = min(max(141 - e, -110), 110);     // 14 - (e - 127)
         const float f = __uint_as_float(static_cast<uint32_t>(a + 127) << 23);
         rowf[hf] = __uint_as_float(static_cast<uint32_t>(127 - a) << 23);
 #pragma unroll
@@ -281,7 +282,11 @@ __device__ __forceinline__ void fp8_score_partials(uint32_t kv_base, const uint3
 
 // ---- phase: the V scales of the softmax (fp8_ds_mla) -------------------------------------
 // The lane's 8 tile columns (rows 8 jn + 2tq + e): the scale of the warp's output tile and
-// log2 of its magnitude clamped to [-64, 100] (the scale-aware running max adds it).
+// log2 of its magnitude clamped to [-100, 100], which the scale-aware running max adds. For
+// scales in 2^-100 .. 2^100 the largest P'' of a row is in [1, 2) and the others are rounded
+// relative to it, as an f16 P is; a smaller scale (e.g. vLLM's raw scale of an all-zero tile,
+// 2^-126) gives its rows' P'' smaller still, down to zero in f16 (values below ~2^-91). The
+// weights 2^(s - C) stay below 2^100 per row, so l stays finite in fp32.
 template <typename C>
 __device__ __forceinline__ void fp8_v_scales(uint32_t kv_base, int warp, int tq, float (&sc)[4][2], float (&lg)[4][2]) {
     using Fmt = typename C::Format;
@@ -291,7 +296,7 @@ __device__ __forceinline__ void fp8_v_scales(uint32_t kv_base, int warp, int tq,
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             sc[jn][e] = lds_f32(base + (8 * jn + e) * Fmt::kSmemRowBytes);
-            lg[jn][e] = fminf(fmaxf(fast_log2(fabsf(sc[jn][e])), -64.f), 100.f);
+            lg[jn][e] = fminf(fmaxf(fast_log2(fabsf(sc[jn][e])), -100.f), 100.f);
         }
 }
 

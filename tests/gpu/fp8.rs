@@ -203,6 +203,7 @@ fn random_dense_fp8<T: Half>(
     heads: usize,
     kind: Fp8Kind,
     small: bool,
+    mag: f64,
 ) -> Fp8<DenseSetup<T>> {
     let bs = rng.pick(&BLOCK_SIZES);
     let q_len = rng.range(1, MAX_Q_LEN);
@@ -247,7 +248,7 @@ fn random_dense_fp8<T: Half>(
             s.table[b * s.table_stride + j] = junk_block(rng, s.cache.num_blocks);
         }
     }
-    Fp8::dense(rng, s, kind)
+    Fp8::dense(rng, s, kind, mag)
 }
 
 /// A random sparse problem of `heads` heads in `T` over an fp8 cache of `kind`: topk from 1
@@ -257,6 +258,7 @@ fn random_sparse_fp8<T: Half>(
     heads: usize,
     kind: Fp8Kind,
     small: bool,
+    mag: f64,
 ) -> Fp8<SparseSetup<T>> {
     let bs = rng.pick(&BLOCK_SIZES);
     let topk = if small {
@@ -278,7 +280,7 @@ fn random_sparse_fp8<T: Half>(
     };
     let with_len = rng.chance(0.4);
     let s = random_sparse::<T>(rng, tokens, heads, topk, num_blocks, bs, style, with_len);
-    Fp8::sparse(rng, s, kind)
+    Fp8::sparse(rng, s, kind, mag)
 }
 
 /// Dense decode of fp8 caches written by the reference quantizer (fp8_ds_mla raw and pow2,
@@ -297,7 +299,7 @@ fn fp8_dense_random() {
                 i += 1;
                 let label = format!("fp8_dense_random {kind:?} heads {heads} (case {i})");
                 with_dtype!(dtype, T => {
-                    let p = random_dense_fp8::<T>(&mut rng, heads, kind, false);
+                    let p = random_dense_fp8::<T>(&mut rng, heads, kind, false, 1.0);
                     check_problem(&label, &mut rng, &stream, &p, options);
                 });
             }
@@ -320,7 +322,7 @@ fn fp8_sparse_random() {
                 i += 1;
                 let label = format!("fp8_sparse_random {kind:?} heads {heads} (case {i})");
                 with_dtype!(dtype, T => {
-                    let p = random_sparse_fp8::<T>(&mut rng, heads, kind, false);
+                    let p = random_sparse_fp8::<T>(&mut rng, heads, kind, false, 1.0);
                     check_problem(&label, &mut rng, &stream, &p, options);
                 });
             }
@@ -346,11 +348,11 @@ fn fp8_decode_after_gpu_append() {
                     format!("fp8_decode_after_gpu_append {kind:?} heads {heads} sparse {sparse}");
                 with_dtype!(dtype, T => {
                     if sparse {
-                        let mut p = random_sparse_fp8::<T>(&mut rng, heads, kind, false);
+                        let mut p = random_sparse_fp8::<T>(&mut rng, heads, kind, false, 1.0);
                         rewrite_by_append(&stream, &mut p.inner.cache, &mut p.fp8, kind);
                         check_problem(&label, &mut rng, &stream, &p, options);
                     } else {
-                        let mut p = random_dense_fp8::<T>(&mut rng, heads, kind, false);
+                        let mut p = random_dense_fp8::<T>(&mut rng, heads, kind, false, 1.0);
                         rewrite_by_append(&stream, &mut p.inner.cache, &mut p.fp8, kind);
                         check_problem(&label, &mut rng, &stream, &p, options);
                     }
@@ -425,9 +427,9 @@ fn sanitize_fp8_decode_small() {
             let options = config_options(i, false);
             i += 1;
             with_dtype!(dtype, T => {
-                let p = random_dense_fp8::<T>(&mut rng, heads, kind, true);
+                let p = random_dense_fp8::<T>(&mut rng, heads, kind, true, 1.0);
                 check_problem(&format!("sanitize fp8 dense {kind:?} heads {heads}"), &mut rng, &stream, &p, options);
-                let p = random_sparse_fp8::<T>(&mut rng, heads, kind, true);
+                let p = random_sparse_fp8::<T>(&mut rng, heads, kind, true, 1.0);
                 check_problem(&format!("sanitize fp8 sparse {kind:?} heads {heads}"), &mut rng, &stream, &p, options);
             });
         }
@@ -575,4 +577,63 @@ fn gpu_fault_values_are_64_bit() {
             "append slot {slot}"
         );
     }
+}
+
+/// Caches far from 1: every value times 2^e before quantizing (the fp8 scales then lie near
+/// 2^e: the fp8 read path's scale-aware running max clamps log2|scale| to [-100, 100]) and
+/// the query times 2^-e (the same scores), so the output is 2^e times an ordinary one. bf16
+/// queries with e = ±40 and ±90; f16 queries, whose range is smaller, with e = -12 (the query
+/// times 2^12). Each checked against the reference like any problem (relative errors).
+#[test]
+#[ignore = "needs a GPU"]
+fn fp8_extreme_magnitudes() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("fp8_extreme_magnitudes");
+    let mut i = 0;
+    for kind in FP8_KINDS {
+        for (dtype, exps) in [(DType::Bf16, &[-90, -40, 40, 90][..]), (DType::F16, &[-12][..])] {
+            for &e in exps {
+                let heads = [1, 8, 16, 64][i % 4];
+                let options = config_options(i, false);
+                i += 1;
+                let mag = 2f64.powi(e);
+                with_dtype!(dtype, T => {
+                    let p = random_dense_fp8::<T>(&mut rng, heads, kind, true, mag);
+                    let label = format!("fp8 dense x 2^{e} {kind:?} heads {heads}");
+                    check_query_scaled(&label, &mut rng, &stream, &p, options, 1.0 / mag);
+                    let p = random_sparse_fp8::<T>(&mut rng, heads, kind, true, mag);
+                    let label = format!("fp8 sparse x 2^{e} {kind:?} heads {heads}");
+                    check_query_scaled(&label, &mut rng, &stream, &p, options, 1.0 / mag);
+                });
+            }
+        }
+    }
+}
+
+/// `check_problem` with the random query multiplied by `q_mag`, a power of two that keeps
+/// every query value a normal number of its type (so the uploaded values are exactly the
+/// reference's).
+fn check_query_scaled<P: Problem>(
+    label: &str,
+    rng: &mut Rng,
+    stream: &Arc<CudaStream>,
+    p: &P,
+    options: PlanOptions,
+    q_mag: f64,
+) {
+    let kind = QKind::random(rng);
+    let mut q = HostQuery::<P::Elem>::random(rng, kind, p.rows(), p.heads());
+    for buf in &mut q.bufs {
+        for x in buf.iter_mut() {
+            *x = P::Elem::from_f64(x.to_f64() * q_mag);
+        }
+    }
+    q.values.iter_mut().for_each(|v| *v *= q_mag);
+    let lse_kind = random_lse_kind(rng);
+    let got = run_once(rng, stream, p, &q, lse_kind, options);
+    let heads = all_heads(p.heads());
+    let want = p.reference_of(&q, &heads);
+    let label = format!("{label} [q {kind:?}, q x {q_mag:e}, {}]", p.describe());
+    check_flag(&label, got.flag, &want.faults);
+    check_outputs(&label, &got, &want, &heads);
 }

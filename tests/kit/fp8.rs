@@ -59,11 +59,22 @@ impl Fp8Cache {
     /// exactly what the bytes hold. Per-tensor: one scale for the cache, from 1/448 of the
     /// largest magnitude (times 0.5..2: the largest values may saturate).
     pub fn quantize<T: Half>(rng: &mut Rng, cache: &mut HostCache<T>, kind: Fp8Kind) -> Fp8Cache {
+        Self::quantize_scaled(rng, cache, kind, 1.0)
+    }
+
+    /// [`Fp8Cache::quantize`] of every value times `mag` (a power of two; the tensor scale
+    /// too): caches whose fp8 scales lie far from 1.
+    pub fn quantize_scaled<T: Half>(
+        rng: &mut Rng,
+        cache: &mut HostCache<T>,
+        kind: Fp8Kind,
+        mag: f64,
+    ) -> Fp8Cache {
         let rb = kind.format.row_bytes();
         let bs = cache.block_size;
         let stride = bs * rb + 16 * rng.below(3);
         let mut bytes = vec![0x7fu8; cache.num_blocks * stride];
-        let tensor_scale = 8.0 / 448.0 * rng.pick(&[0.5f32, 1.0, 2.0, 1.37]);
+        let tensor_scale = (8.0 / 448.0 * rng.pick(&[0.5f64, 1.0, 2.0, 1.37]) * mag) as f32;
         let mut values = Vec::with_capacity(cache.num_slots() * HEAD_DIM);
         let mut row = vec![0.0f64; HEAD_DIM];
         for slot in 0..cache.num_slots() {
@@ -71,7 +82,7 @@ impl Fp8Cache {
                 *x = cache.row(slot)[j].to_f64();
             }
             for tile in row.chunks_mut(128) {
-                let m = 2f64.powi(rng.range(0, 8) as i32 - 4);
+                let m = 2f64.powi(rng.range(0, 8) as i32 - 4) * mag;
                 tile.iter_mut().for_each(|x| *x *= m);
             }
             let at = (slot / bs) * stride + (slot % bs) * rb;
@@ -142,17 +153,18 @@ pub struct Fp8<P> {
 }
 
 impl<T: Half> Fp8<DenseSetup<T>> {
-    /// Quantizes `inner`'s cache as [`Fp8Cache::quantize`] does.
-    pub fn dense(rng: &mut Rng, mut inner: DenseSetup<T>, kind: Fp8Kind) -> Self {
-        let fp8 = Fp8Cache::quantize(rng, &mut inner.cache, kind);
+    /// Quantizes `inner`'s cache as [`Fp8Cache::quantize_scaled`] does (`mag` 1: as
+    /// [`Fp8Cache::quantize`]).
+    pub fn dense(rng: &mut Rng, mut inner: DenseSetup<T>, kind: Fp8Kind, mag: f64) -> Self {
+        let fp8 = Fp8Cache::quantize_scaled(rng, &mut inner.cache, kind, mag);
         Fp8 { inner, fp8 }
     }
 }
 
 impl<T: Half> Fp8<SparseSetup<T>> {
-    /// Quantizes `inner`'s cache as [`Fp8Cache::quantize`] does.
-    pub fn sparse(rng: &mut Rng, mut inner: SparseSetup<T>, kind: Fp8Kind) -> Self {
-        let fp8 = Fp8Cache::quantize(rng, &mut inner.cache, kind);
+    /// Quantizes `inner`'s cache as [`Fp8Cache::quantize_scaled`] does.
+    pub fn sparse(rng: &mut Rng, mut inner: SparseSetup<T>, kind: Fp8Kind, mag: f64) -> Self {
+        let fp8 = Fp8Cache::quantize_scaled(rng, &mut inner.cache, kind, mag);
         Fp8 { inner, fp8 }
     }
 }
