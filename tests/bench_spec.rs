@@ -80,6 +80,13 @@ fn default_grid_names_round_trip() {
         "dense:b=16,h=8,l=4096",
         "sparse:t=64,h=8,klen=uniform:1-2048",
         "sparse:t=1,h=8,k=1",
+        // issue #15's compute-bound rows
+        "dense:b=64,h=64,l=4096",
+        "dense:b=128,h=128,l=4096",
+        "dense:b=32,q=4,h=16,l=4096",
+        "sparse:t=64,h=64",
+        "sparse:t=128,h=128",
+        "sparse:t=128,h=32",
     ] {
         let spec = parse(text);
         assert!(

@@ -291,6 +291,7 @@ pub const DEFAULT_GRID: &[&str] = &[
     "dense:h=16,lens=1024*127+65536*1",
     "dense:b=64,h=64,l=4096",
     "dense:b=128,h=128,l=4096",
+    "dense:b=32,q=4,h=16,l=4096", // 64 query rows per cache row: MTP x heads (issue #15)
     "dense:b=32,q=2,h=8,l=8192", // GLM-5 at TP8 with one MTP token
     "dense:b=64,h=8,l=4096,dtype=f16",
     "dense:b=64,h=8,l=4096,kv=fp8_ds_mla",
@@ -306,6 +307,7 @@ pub const DEFAULT_GRID: &[&str] = &[
     "sparse:t=128,h=16",
     "sparse:t=64,h=64",
     "sparse:t=128,h=128",
+    "sparse:t=128,h=32", // issue #15's compute-bound rows
     "sparse:t=128,h=8,dtype=f16",
     // fp8_ds_mla and their bf16 twins over a pool larger than the H200's L2 (86 MB in fp8)
     "sparse:t=1,h=8,pool=131072,kv=fp8_ds_mla",
