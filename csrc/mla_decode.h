@@ -160,7 +160,9 @@ typedef struct {
     int32_t pdl;             /* MLA_PDL_OFF, or an OR of the MLA_PDL_* bits. Default
                                 MLA_PDL_DEFAULT; no PDL before sm_90 whatever is asked */
     int32_t combine_slices;  /* 1 or 4 combine CTAs per merged row's 512 dims. Default 4 when the
-                                split rows give at most one combine CTA per two SMs, else 1 */
+                                split rows give at most one combine CTA per two SMs, or when a
+                                warp merges each row, max_len >= 8,192 and 4x the CTAs fit one
+                                wave (a long request's hundreds of pieces); else 1 */
     int32_t min_chunk;       /* >= 1: the fewest 32-row tiles a split-KV part streams. Default 1
                                 when the step has at most SMs tiles, else 2 */
 } mla_tuning_t;

@@ -301,12 +301,20 @@ inline int combine_rows(const mla_schedule_t* s) { return s->num_parts <= 16 * s
 
 // Dim slices per merged row (the combine's grid z): 4 when the split rows give at most
 // one combine CTA per two SMs (b=1, t=1: 8 rows; b=4, t=32), so that their piece reads
-// spread over 4x the SMs; else 1: more CTAs then only add CTA waves, each searching the
-// lengths again (docs/PERFORMANCE.md log #22).
+// spread over 4x the SMs. Also 4 with a warp per row (combine_rows 8) when a request of
+// max_len spans at least 256 tiles (8,192 rows) and the 4x CTAs still fit one wave (8
+// combine CTAs per SM): one warp reads all of a row's pieces, and such a request in a batch
+// of short ones is cut into hundreds of pieces (2-tile chunks), whose merge is the
+// combine's critical path (docs/PERFORMANCE.md log #43: 127 x 1,024 + 65,536 rows, h=16,
+// 96.7 -> 84.3 us). Else 1: more CTAs only add work, each searching the lengths again (log
+// #22); 4 measured +3-8 % on sparse top-2048 rows (64 tiles: a few pieces per token) and
+// +2 us on b=16 l=4096 (8 warps per row: the pieces are spread already).
 inline int combine_slices(const mla_schedule_t* s) {
     const int rows = combine_rows(s), m_rows = s->q_len * s->num_heads;
     const int64_t ctas = static_cast<int64_t>(max_splits(s->batch, s->num_parts)) * ((m_rows + rows - 1) / rows);
-    return 2 * ctas <= s->sm_count ? 4 : 1;
+    if (2 * ctas <= s->sm_count) return 4;
+    const bool long_rows = Lens::tiles_of(s->max_len) >= 256;
+    return rows == kCombineWarps && long_rows && 4 * ctas <= 8LL * s->sm_count ? 4 : 1;
 }
 
 // The kernels' divisors, on the host (DecodeArgs::parts_div, heads_div, closed_*).
