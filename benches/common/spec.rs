@@ -292,7 +292,7 @@ pub const DEFAULT_GRID: &[&str] = &[
     "dense:b=64,h=64,l=4096",
     "dense:b=128,h=128,l=4096",
     "dense:b=32,q=4,h=16,l=4096", // 64 query rows per cache row: MTP x heads (issue #15)
-    "dense:b=32,q=2,h=8,l=8192", // GLM-5 at TP8 with one MTP token
+    "dense:b=32,q=2,h=8,l=8192",  // GLM-5 at TP8 with one MTP token
     "dense:b=64,h=8,l=4096,dtype=f16",
     "dense:b=64,h=8,l=4096,kv=fp8_ds_mla",
     "dense:b=128,h=8,l=8192,kv=fp8_ds_mla",

@@ -591,7 +591,10 @@ fn fp8_extreme_magnitudes() {
     let mut rng = rng_for("fp8_extreme_magnitudes");
     let mut i = 0;
     for kind in FP8_KINDS {
-        for (dtype, exps) in [(DType::Bf16, &[-90, -40, 40, 90][..]), (DType::F16, &[-12][..])] {
+        for (dtype, exps) in [
+            (DType::Bf16, &[-90, -40, 40, 90][..]),
+            (DType::F16, &[-12][..]),
+        ] {
             for &e in exps {
                 let heads = [1, 8, 16, 64][i % 4];
                 let options = config_options(i, false);
