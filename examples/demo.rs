@@ -5,7 +5,9 @@
 //! 1. dense paged decode of 16 requests whose lengths vary up to 8192;
 //! 2. the DSA index gather: 2048 random logical positions per token (fewer, padded with
 //!    -1, for requests shorter than that) turned into global slot ids of the same cache;
-//! 3. sparse decode over those slot ids.
+//! 3. sparse decode over those slot ids;
+//! 4. steps 1 and 3 again over an fp8_ds_mla cache (656-byte rows: e4m3 latent with a scale
+//!    per 128 values, bf16 RoPE; vLLM's raw scales), the format engines on sm_120 keep.
 //!
 //! Each result is checked against the f64 reference (`mla_decode::reference`, sampled rows),
 //! then timed like the bench does (median of CUDA-event timings, L2 flushed before each run).
@@ -23,10 +25,11 @@ use common::cases::{
 };
 use common::report::{Row, Table};
 use common::rng::Rng;
+use common::spec::CacheKind;
 use common::{Gpu, MeasureOpts, Res};
 use mla_decode::cudarc::driver::CudaStream;
 use mla_decode::half::bf16;
-use mla_decode::{MlaConfig, PlanOptions};
+use mla_decode::{MlaConfig, PlanOptions, ScaleRule};
 
 const BATCH: usize = 16;
 const MAX_LEN: usize = 8192;
@@ -67,6 +70,7 @@ fn explain_without_gpu(why: &str) {
     println!("  1. dense paged decode of {BATCH} requests with lengths up to {MAX_LEN};");
     println!("  2. the DSA index gather of {TOPK} logical positions per token into cache slots;");
     println!("  3. sparse decode over those slots;");
+    println!("  4. steps 1 and 3 over an fp8_ds_mla cache (e4m3 rows with per-tile scales);");
     println!("checks each against the f64 reference and prints a throughput table");
     println!("(µs, GB/s, % of the device's copy bandwidth).");
 }
@@ -111,13 +115,33 @@ fn run(gpu: &mut Gpu) -> Res<bool> {
     let mut sparse = SparseCase::<bf16>::new(
         &gpu.stream,
         name,
-        setup,
+        setup.clone(),
         dense.cache(),
         indices,
-        indices_host,
+        indices_host.clone(),
         rng,
     )?;
     rows.push(measure_row(gpu, &mut sparse, copy_gbps)?);
+
+    // The same two decodes over an fp8_ds_mla cache of the same geometry (the slot ids of
+    // the gather stay valid: same block size and block count).
+    let kv = CacheKind::Fp8DsMla(ScaleRule::Raw);
+    let name = format!("dense fp8_ds_mla: {BATCH} requests");
+    let mut dense8 =
+        DenseCase::<bf16>::with_table_in(&gpu.stream, name, dense.setup().clone(), None, kv, rng)?;
+    rows.push(measure_row(gpu, &mut dense8, copy_gbps)?);
+    let name = format!("sparse fp8_ds_mla: {BATCH} x top-{TOPK}");
+    let indices8 = gpu.stream.clone_htod(&indices_host)?;
+    let mut sparse8 = SparseCase::<bf16>::new(
+        &gpu.stream,
+        name,
+        setup,
+        dense8.cache(),
+        indices8,
+        indices_host,
+        rng,
+    )?;
+    rows.push(measure_row(gpu, &mut sparse8, copy_gbps)?);
 
     println!();
     let table = Table::new(rows.iter().map(Row::name), true);
