@@ -300,6 +300,19 @@ __device__ __forceinline__ void fp8_v_scales(uint32_t kv_base, int warp, int tq,
         }
 }
 
+// The A fragments of P for k16 step kk of the tile (tile columns 16 kk ..) from the softmax's
+// probabilities in accumulator layout, packed to E (the P V phases of every format use it).
+template <typename E, typename C>
+__device__ __forceinline__ void p_frags(const float (&s)[C::kMTiles][4][4], int kk, uint32_t (&pa)[C::kMTiles][4]) {
+#pragma unroll
+    for (int mt = 0; mt < C::kMTiles; ++mt) {
+        pa[mt][0] = Elem<E>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pa[mt][1] = Elem<E>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pa[mt][2] = Elem<E>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pa[mt][3] = Elem<E>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+    }
+}
+
 // ---- phase: P V ------------------------------------------------------------------------------
 // O += P'' V over this warp's kODims output dims (the chunk pairs 2c, 2c + 1 of o: the even
 // and odd dims of 16-dim chunk c), f16 MMA; vrow0 / col_half: the lane's ldmatrix row and chunk.
@@ -311,13 +324,7 @@ __device__ __forceinline__ void fp8_pv_tile(uint32_t kv_base, const float (&s)[C
 #pragma unroll
     for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
         uint32_t pa[kMT][4];
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-            pa[mt][0] = Elem<__half>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-            pa[mt][1] = Elem<__half>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-            pa[mt][2] = Elem<__half>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-            pa[mt][3] = Elem<__half>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-        }
+        p_frags<__half, C>(s, kk, pa);
         const uint32_t row = kv_base + (kk * 16 + vrow0) * Fmt::kSmemRowBytes;
 #pragma unroll
         for (int pr = 0; pr < C::kODims / 32; ++pr) {

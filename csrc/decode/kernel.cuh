@@ -525,13 +525,7 @@ __device__ __forceinline__ void pv_tile(uint32_t kv_base, const float (&s)[C::kM
 #pragma unroll
     for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
         uint32_t pa[kMT][4];
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-            pa[mt][0] = Elem<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-            pa[mt][1] = Elem<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-            pa[mt][2] = Elem<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-            pa[mt][3] = Elem<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-        }
+        p_frags<T, C>(s, kk, pa);
         const int vrow = kk * 16 + vrow0;
 #pragma unroll
         for (int pr = 0; pr < C::kONTiles / 2; ++pr) {
