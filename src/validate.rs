@@ -779,16 +779,19 @@ fn sparse_plan(p: &PlanDesc, device: usize) -> Result<SparseShape> {
 }
 
 /// `arg` has `call` of `what` where the plan was made for `plan`.
-fn mismatch(
+fn same_as_plan<V: PartialEq + std::fmt::Display>(
     arg: &'static str,
     what: &str,
-    call: impl std::fmt::Display,
-    plan: impl std::fmt::Display,
-) -> Error {
-    bad(
+    call: V,
+    plan: V,
+) -> Result<()> {
+    if call == plan {
+        return Ok(());
+    }
+    Err(bad(
         arg,
         format!("has {what} {call}, the plan was made for {plan}"),
-    )
+    ))
 }
 
 /// Checks a dense decode.
@@ -800,39 +803,21 @@ fn dense_inner(c: &DenseCall) -> Result<()> {
     let s = dense_plan(&c.plan, c.device)?;
     softmax_scale(c.softmax_scale)?;
     cache(&c.kv_cache, c.device, false)?;
-    if c.kv_cache.format != s.kv_format {
-        return Err(mismatch(
-            "kv_cache",
-            "format",
-            c.kv_cache.format,
-            s.kv_format,
-        ));
-    }
-    if c.kv_cache.block_size != s.block_size {
-        return Err(mismatch(
-            "kv_cache",
-            "block_size",
-            c.kv_cache.block_size,
-            s.block_size,
-        ));
-    }
+    same_as_plan("kv_cache", "format", c.kv_cache.format, s.kv_format)?;
+    same_as_plan(
+        "kv_cache",
+        "block_size",
+        c.kv_cache.block_size,
+        s.block_size,
+    )?;
     table(&c.block_table, c.device)?;
-    if c.block_table.batch != s.batch {
-        return Err(mismatch(
-            "block_table",
-            "batch",
-            c.block_table.batch,
-            s.batch,
-        ));
-    }
-    if c.block_table.max_blocks_per_seq != s.max_blocks_per_seq {
-        return Err(mismatch(
-            "block_table",
-            "max_blocks_per_seq",
-            c.block_table.max_blocks_per_seq,
-            s.max_blocks_per_seq,
-        ));
-    }
+    same_as_plan("block_table", "batch", c.block_table.batch, s.batch)?;
+    same_as_plan(
+        "block_table",
+        "max_blocks_per_seq",
+        c.block_table.max_blocks_per_seq,
+        s.max_blocks_per_seq,
+    )?;
     on_device("seq_lens", &c.seq_lens, c.device)?;
     holds("seq_lens", &c.seq_lens, s.batch, 4, "the plan's batch")?;
     let (tokens, elem) = (s.batch * s.q_len, c.dtype.size_bytes());
@@ -851,22 +836,13 @@ fn sparse_inner(c: &SparseCall) -> Result<()> {
     let s = sparse_plan(&c.plan, c.device)?;
     softmax_scale(c.softmax_scale)?;
     cache(&c.kv_cache, c.device, true)?;
-    if c.kv_cache.format != s.kv_format {
-        return Err(mismatch(
-            "kv_cache",
-            "format",
-            c.kv_cache.format,
-            s.kv_format,
-        ));
-    }
+    same_as_plan("kv_cache", "format", c.kv_cache.format, s.kv_format)?;
     if let Some(b) = &c.topk_len {
         on_device("topk_len", b, c.device)?;
         holds("topk_len", b, s.num_tokens, 4, "the plan's num_tokens")?;
     }
     let ix = &c.indices;
-    if ix.topk != s.topk {
-        return Err(mismatch("indices", "topk", ix.topk, s.topk));
-    }
+    same_as_plan("indices", "topk", ix.topk, s.topk)?;
     on_device("indices", &ix.buf, c.device)?;
     if s.num_tokens > 1 && (ix.stride < ix.topk || ix.stride > I32_MAX) {
         return Err(bad(

@@ -188,27 +188,6 @@ __device__ __forceinline__ void e4m3x4_to_f16x2x2_shifted(uint32_t v, uint32_t& 
     hi = e4m3x2_to_f16x2(static_cast<uint16_t>(v >> 16));
 }
 
-// f16x2 bits that came from e4m3 -> bf16x2 bits of the same values times 2^-112, exactly:
-// e4m3 values are f16 NORMALS (or zero) with 3 mantissa bits, and moving the f16 exponent
-// field (5 bits) into the low bits of the bf16 exponent field (8 bits) rebiases 15 -> 127,
-// i.e. multiplies by 2^-112; the results lie in [2^-121, 2^-104]: bf16 normals, no subnormal
-// anywhere (the direct e4m3 -> bf16 bit move, factor 2^-120, makes e4m3 subnormals bf16
-// subnormals). Zero stays zero. Not for NaN codes (they decode to finite values). Two
-// integer instructions; fold kBf16FromF16Shift (2^112) into a scale applied in fp32.
-constexpr float kBf16FromF16Shift = 5.192296858534828e+33f;  // 2^112
-__host__ __device__ __forceinline__ uint32_t f16x2_e4m3_to_bf16x2_shifted(uint32_t h) {
-    return ((h >> 3) & 0x0fff0fffu) | (h & 0x80008000u);
-}
-
-// e4m3x2 -> bf16x2, exact and unshifted (NaN -> NaN): f16 -> f32 -> bf16 (four instructions
-// per pair; the shifted form above is three).
-__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint16_t v) {
-    const uint32_t h = e4m3x2_to_f16x2(v);
-    const __half2 h2 = *reinterpret_cast<const __half2*>(&h);
-    const __nv_bfloat162 b = __floats2bfloat162_rn(__low2float(h2), __high2float(h2));
-    return *reinterpret_cast<const uint32_t*>(&b);
-}
-
 // ---- 16-bit inputs -> fp32 (exact), and f16 -> bf16 rounding ---------------------------
 __host__ __device__ __forceinline__ float bf16_bits_to_f32(uint16_t b) {
     return f32_from_bits(static_cast<uint32_t>(b) << 16);

@@ -306,6 +306,8 @@ __device__ __forceinline__ void start_segment(const DecodeArgs& a, const uint8_t
         if constexpr (C::kQInSmem) {
             fp8_q_from_smem<C>(smem_u32(q_s), kh, qrow, col_half, qf[0]);
         } else {
+            // load_q_frags' row addressing, written out again: through a shared helper the
+            // two-m-tile kernels' SASS moved (sm_90 and sm_120), and they are measured as they are
             const int g = (threadIdx.x & 31) >> 2;
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt)

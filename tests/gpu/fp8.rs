@@ -289,22 +289,7 @@ fn random_sparse_fp8<T: Half>(
 #[test]
 #[ignore = "needs a GPU"]
 fn fp8_dense_random() {
-    let (_ctx, stream) = gpu();
-    let mut rng = rng_for("fp8_dense_random");
-    let mut i = 0;
-    for kind in FP8_KINDS {
-        for dtype in [DType::Bf16, DType::F16] {
-            for heads in HEADS {
-                let options = config_options(i, i % 3 == 0);
-                i += 1;
-                let label = format!("fp8_dense_random {kind:?} heads {heads} (case {i})");
-                with_dtype!(dtype, T => {
-                    let p = random_dense_fp8::<T>(&mut rng, heads, kind, false, 1.0);
-                    check_problem(&label, &mut rng, &stream, &p, options);
-                });
-            }
-        }
-    }
+    fp8_random("fp8_dense_random", false);
 }
 
 /// Sparse decode of fp8 caches (as [`fp8_dense_random`]): topk 1..=2048, holes, duplicates,
@@ -312,18 +297,28 @@ fn fp8_dense_random() {
 #[test]
 #[ignore = "needs a GPU"]
 fn fp8_sparse_random() {
+    fp8_random("fp8_sparse_random", true);
+}
+
+/// The cases of [`fp8_dense_random`] / [`fp8_sparse_random`] (test `name`).
+fn fp8_random(name: &str, sparse: bool) {
     let (_ctx, stream) = gpu();
-    let mut rng = rng_for("fp8_sparse_random");
+    let mut rng = rng_for(name);
     let mut i = 0;
     for kind in FP8_KINDS {
         for dtype in [DType::Bf16, DType::F16] {
             for heads in HEADS {
-                let options = config_options(i, i % 3 == 1);
+                let options = config_options(i, i % 3 == usize::from(sparse));
                 i += 1;
-                let label = format!("fp8_sparse_random {kind:?} heads {heads} (case {i})");
+                let label = format!("{name} {kind:?} heads {heads} (case {i})");
                 with_dtype!(dtype, T => {
-                    let p = random_sparse_fp8::<T>(&mut rng, heads, kind, false, 1.0);
-                    check_problem(&label, &mut rng, &stream, &p, options);
+                    if sparse {
+                        let p = random_sparse_fp8::<T>(&mut rng, heads, kind, false, 1.0);
+                        check_problem(&label, &mut rng, &stream, &p, options);
+                    } else {
+                        let p = random_dense_fp8::<T>(&mut rng, heads, kind, false, 1.0);
+                        check_problem(&label, &mut rng, &stream, &p, options);
+                    }
                 });
             }
         }
@@ -603,40 +598,12 @@ fn fp8_extreme_magnitudes() {
                 with_dtype!(dtype, T => {
                     let p = random_dense_fp8::<T>(&mut rng, heads, kind, true, mag);
                     let label = format!("fp8 dense x 2^{e} {kind:?} heads {heads}");
-                    check_query_scaled(&label, &mut rng, &stream, &p, options, 1.0 / mag);
+                    check_problem_scaled(&label, &mut rng, &stream, &p, options, 1.0 / mag);
                     let p = random_sparse_fp8::<T>(&mut rng, heads, kind, true, mag);
                     let label = format!("fp8 sparse x 2^{e} {kind:?} heads {heads}");
-                    check_query_scaled(&label, &mut rng, &stream, &p, options, 1.0 / mag);
+                    check_problem_scaled(&label, &mut rng, &stream, &p, options, 1.0 / mag);
                 });
             }
         }
     }
-}
-
-/// `check_problem` with the random query multiplied by `q_mag`, a power of two that keeps
-/// every query value a normal number of its type (so the uploaded values are exactly the
-/// reference's).
-fn check_query_scaled<P: Problem>(
-    label: &str,
-    rng: &mut Rng,
-    stream: &Arc<CudaStream>,
-    p: &P,
-    options: PlanOptions,
-    q_mag: f64,
-) {
-    let kind = QKind::random(rng);
-    let mut q = HostQuery::<P::Elem>::random(rng, kind, p.rows(), p.heads());
-    for buf in &mut q.bufs {
-        for x in buf.iter_mut() {
-            *x = P::Elem::from_f64(x.to_f64() * q_mag);
-        }
-    }
-    q.values.iter_mut().for_each(|v| *v *= q_mag);
-    let lse_kind = random_lse_kind(rng);
-    let got = run_once(rng, stream, p, &q, lse_kind, options);
-    let heads = all_heads(p.heads());
-    let want = p.reference_of(&q, &heads);
-    let label = format!("{label} [q {kind:?}, q x {q_mag:e}, {}]", p.describe());
-    check_flag(&label, got.flag, &want.faults);
-    check_outputs(&label, &got, &want, &heads);
 }

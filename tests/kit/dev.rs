@@ -612,8 +612,25 @@ pub fn check_problem<P: Problem>(
     p: &P,
     options: PlanOptions,
 ) {
+    check_problem_scaled(label, rng, stream, p, options, 1.0);
+}
+
+/// [`check_problem`] with the random query multiplied by `q_mag`, a power of two that keeps
+/// every query value a normal number of its type (so the uploaded values stay exactly the
+/// reference's): queries far from 1.
+pub fn check_problem_scaled<P: Problem>(
+    label: &str,
+    rng: &mut Rng,
+    stream: &Arc<CudaStream>,
+    p: &P,
+    options: PlanOptions,
+    q_mag: f64,
+) {
     let kind = QKind::random(rng);
-    let q = HostQuery::<P::Elem>::random(rng, kind, p.rows(), p.heads());
+    let mut q = HostQuery::<P::Elem>::random(rng, kind, p.rows(), p.heads());
+    if q_mag != 1.0 {
+        q.scale_by(q_mag);
+    }
     let lse_kind = random_lse_kind(rng);
     let got = run_once(rng, stream, p, &q, lse_kind, options);
     let heads = all_heads(p.heads());

@@ -222,6 +222,17 @@ pub struct HostQuery<T> {
 }
 
 impl<T: Half> HostQuery<T> {
+    /// Every value times `m` (a power of two that keeps them normal numbers of `T`, so the
+    /// uploaded buffers and `values` stay equal).
+    pub fn scale_by(&mut self, m: f64) {
+        for buf in &mut self.bufs {
+            for x in buf.iter_mut() {
+                *x = T::from_f64(x.to_f64() * m);
+            }
+        }
+        self.values.iter_mut().for_each(|v| *v *= m);
+    }
+
     /// Random values in a random layout of `kind`.
     pub fn random(rng: &mut Rng, kind: QKind, tokens: usize, heads: usize) -> HostQuery<T> {
         let (nope, rope, lens) = match kind {
