@@ -153,10 +153,12 @@ typedef struct {
                                 ships for sm_120); default 0 */
     int32_t warps;           /* 4 or 8 warps per decode CTA (8: each warp half the S and PV work).
                                 Default: 8 when the step has at most 2 x SMs tiles or block_m is 32,
-                                else 4; an explicit 4 keeps block_m at 16 */
-    int32_t block_m;         /* 16 or 32 query rows per decode CTA (32: 8 warps, Q fragments from
-                                global memory). Default: 32 with >= 32 query rows when only one
-                                4-warp CTA fits an SM (sm_120, sm120_occupancy), else 16 */
+                                else 4; an explicit 4 keeps block_m at 8 or 16 */
+    int32_t block_m;         /* 8, 16 or 32 query rows per decode CTA (8: the MMA's rows 8-15 unused,
+                                skipped by the softmax; 32: 8 warps, Q fragments from global
+                                memory). Default: 8 with at most 8 query rows per request, 32
+                                with >= 32 when only one 4-warp CTA fits an SM (sm_120,
+                                sm120_occupancy), else 16 */
     int32_t pdl;             /* MLA_PDL_OFF, or an OR of the MLA_PDL_* bits. Default
                                 MLA_PDL_DEFAULT; no PDL before sm_90 whatever is asked */
     int32_t combine_slices;  /* 1 or 4 combine CTAs per merged row's 512 dims. Default 4 when the
@@ -184,7 +186,7 @@ typedef struct {
  * do not edit (a launch rejects a configuration that does not match its shape). */
 typedef struct {
     int32_t warps;          /* warps per decode CTA: 4 or 8 */
-    int32_t block_m;        /* query rows per decode CTA: 16 or 32 */
+    int32_t block_m;        /* query rows per decode CTA: 8, 16 or 32 */
     int32_t pdl;            /* MLA_PDL_* bits in effect (0: no PDL) */
     int32_t min_chunk;      /* fewest 32-row tiles a split-KV part streams */
     int32_t combine_slices; /* combine CTAs per merged row's 512 dims: 1 or 4 */

@@ -105,7 +105,8 @@ pub struct PlanOptions {
 pub struct Tuning {
     /// Warps per decode CTA: 4 or 8.
     pub warps: Option<u32>,
-    /// Query rows per decode CTA: 16 or 32 (32 runs 8 warps).
+    /// Query rows per decode CTA: 8, 16 or 32 (8: the MMA's unused rows 8-15 skipped, the
+    /// default with at most 8 query rows per request; 32 runs 8 warps).
     pub block_m: Option<u32>,
     /// Programmatic dependent launch: `0` off, else an OR of `ffi::MLA_PDL_ATTRIBUTE`,
     /// `ffi::MLA_PDL_TRIGGER_AT_START` and `ffi::MLA_PDL_TRIGGER_AT_LAST_TILE` (default
@@ -134,8 +135,8 @@ impl Tuning {
         )?;
         bad(
             "tuning.block_m",
-            matches!(self.block_m, None | Some(16 | 32)),
-            "expected 16 or 32 query rows",
+            matches!(self.block_m, None | Some(8 | 16 | 32)),
+            "expected 8, 16 or 32 query rows",
         )?;
         bad(
             "tuning.block_m",

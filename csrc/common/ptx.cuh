@@ -55,6 +55,20 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
 }
+__device__ __forceinline__ void ldmatrix_x2(uint32_t& r0, uint32_t& r1, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(addr));
+}
+// An m16n8k16 A fragment (a0..a3: rows g / g + 8, k halves 0 / 1) with ldmatrix; kHalfM: rows
+// 0-7 only (lanes 0-15 address rows 0-7 of k half lane / 8), rows 8-15 zero.
+template <bool kHalfM>
+__device__ __forceinline__ void ldmatrix_a(uint32_t (&a)[4], uint32_t addr) {
+    if constexpr (kHalfM) {
+        ldmatrix_x2(a[0], a[2], addr);
+        a[1] = a[3] = 0u;
+    } else {
+        ldmatrix_x4(a, addr);
+    }
+}
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

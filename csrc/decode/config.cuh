@@ -16,10 +16,15 @@ namespace mla {
 // warp counts: 4 (the streaming configuration: two CTAs per H200 SM, registers at the cap)
 // and 8 (one CTA per SM, each warp with half the S and PV work: a tile computes in about
 // half the time, for steps whose CTAs each have an SM to themselves).
-template <int kWarps_, int kMTiles_ = 1>
+template <int kWarps_, int kMTiles_ = 1, bool kHalfM_ = false>
 struct TileConfig {
     static constexpr int kMTiles = kMTiles_;          // m16 MMA tiles of query rows per CTA
-    static constexpr int kBlockM = 16 * kMTiles;      // query rows (heads x q_len) per CTA
+    // Half m-tile: 8 query rows per CTA (steps of at most 8 rows per request: 8 heads or
+    // fewer, q_len 1). The MMAs still run 16 rows, rows 8-15 of Q zero; every per-row phase
+    // (S exchange, softmax, P packing, the write) handles only the fragment rows g, not g + 8.
+    static constexpr bool kHalfM = kHalfM_;
+    static constexpr int kFragRows = kHalfM ? 1 : 2;  // fragment rows per lane and m-tile (g, g + 8)
+    static constexpr int kBlockM = kHalfM ? 8 : 16 * kMTiles;  // query rows (heads x q_len) per CTA
     // Q: staged in shared memory (ldmatrix) with one m-tile; with two, the Q tile does not
     // fit 99 KB beside the stages, and each thread loads its fragments from global memory.
     static constexpr bool kQInSmem = kMTiles == 1;
@@ -38,6 +43,7 @@ struct TileConfig {
 
     static_assert(kWarps == 4 || kWarps == 8, "warp counts the S reduction handles");
     static_assert(kMTiles == 1 || (kMTiles == 2 && kWarps == 8), "two m-tiles only with 8 warps");
+    static_assert(!kHalfM || kMTiles == 1, "a half m-tile is the only m-tile");
     static_assert(kSplitN * kSplitK == kWarps, "warp split");
     static_assert(kSNTiles == 2, "S code handles two n8 tiles per warp (one ldmatrix.x4)");
     static_assert(kBlockN % 16 == 0 && kBlockN / 8 == 4, "softmax/PV code assumes 32-row tiles");
@@ -76,17 +82,21 @@ using KernelConfig16 = KernelConfig<RowF16<__nv_bfloat16>, Tile>;
 using Cfg = TileConfig<4>;   // the shared constants (block sizes) and the streaming configuration
 using Cfg8 = TileConfig<8>;
 using CfgWide = TileConfig<8, 2>;  // 32 query rows per CTA: many heads
+using CfgHalf = TileConfig<4, 1, true>;   // 8 query rows per CTA: the streaming configuration
+using Cfg8Half = TileConfig<8, 1, true>;  // and the 8-warp one, for steps of <= 8 rows per request
 constexpr int kTileShift = 5;  // log2(kBlockN)
 static_assert((1 << kTileShift) == Cfg::kBlockN, "tile shift");
 constexpr int kMinChunkTiles = 2;  // a part streams at least this many tiles
 constexpr int kCombineWarps = 8;   // warps per combine CTA (decode/combine.cuh)
 
 // Calls f(C{}) with the tile configuration C that (warps, block_m) name: 32 rows -> CfgWide
-// (always 8 warps), else 8 warps -> Cfg8, else Cfg. The schedule, the launch and its
-// argument check all pick the configuration through this one mapping.
+// (always 8 warps); 8 rows -> Cfg8Half or CfgHalf; else 8 warps -> Cfg8, else Cfg. The
+// schedule, the launch and its argument check all pick the configuration through this one
+// mapping.
 template <typename F>
 auto with_config(int warps, int block_m, F&& f) {
     if (block_m == 32) return f(CfgWide{});
+    if (block_m == 8) return warps == 8 ? f(Cfg8Half{}) : f(CfgHalf{});
     if (warps == 8) return f(Cfg8{});
     return f(Cfg{});
 }
@@ -98,6 +108,8 @@ void for_each_config(F&& f) {
     f(Cfg{});
     f(Cfg8{});
     f(CfgWide{});
+    f(CfgHalf{});
+    f(Cfg8Half{});
 }
 
 }  // namespace mla

@@ -63,7 +63,8 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
     // formats need less shared memory than f16/bf16 rows: the schedule's size serves them.)
     const mla_schedule_internal_t& in = s->internal;
     MLA_CHECK(in.combine_slices == 1 || in.combine_slices == 4, "s.internal.combine_slices: %d", in.combine_slices);
-    MLA_CHECK((in.warps == 4 || in.warps == 8) && (in.block_m == 16 || (in.block_m == 32 && in.warps == 8)),
+    MLA_CHECK((in.warps == 4 || in.warps == 8) &&
+                  (in.block_m == 8 || in.block_m == 16 || (in.block_m == 32 && in.warps == 8)),
               "s.internal: warps %d, block_m %d is not a configuration", in.warps, in.block_m);
     MLA_CHECK((in.pdl & ~MLA_PDL_ALL) == 0, "s.internal.pdl: %d", in.pdl);
     const int need_smem =

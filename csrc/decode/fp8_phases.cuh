@@ -100,7 +100,8 @@ __device__ __forceinline__ void fp8_q_from_smem(uint32_t q_base, int kh, int qro
         const int kk = kh * S::kLatSteps + ks;
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-            const uint2 v = lds<uint2>(q_base + q_chunk<C>(g + 8 * hf, 2 * kk + (tq >> 1)) * 16 + 8 * (tq & 1));
+            uint2 v = make_uint2(0u, 0u);  // rows 8-15 of a half m-tile: zero
+            if (hf < C::kFragRows) v = lds<uint2>(q_base + q_chunk<C>(g + 8 * hf, 2 * kk + (tq >> 1)) * 16 + 8 * (tq & 1));
             qf[ks][hf] = v.x;
             qf[ks][2 + hf] = v.y;
         }
@@ -108,7 +109,7 @@ __device__ __forceinline__ void fp8_q_from_smem(uint32_t q_base, int kh, int qro
 #pragma unroll
     for (int rs = 0; rs < S::kRopeSteps; ++rs) {
         const int kk = MLA_LATENT_DIM / 16 + kh * S::kRopeSteps + rs;
-        ldmatrix_x4(qf[S::kLatSteps + rs], q_base + q_chunk<C>(qrow, 2 * kk + col_half) * 16);
+        ldmatrix_a<C::kHalfM>(qf[S::kLatSteps + rs], q_base + q_chunk<C>(qrow, 2 * kk + col_half) * 16);
     }
 }
 
@@ -146,8 +147,9 @@ __device__ __forceinline__ void fp8_q_from_global(const uint8_t* qn, const uint8
 template <typename C>
 __device__ __forceinline__ void fp8_q_bf16_to_f16(uint32_t (&qf)[C::kSKSteps][4], float (&rowf)[2]) {
     using S = Fp8Split<C>;
+    rowf[1] = 1.f;  // (a half m-tile's rows 8-15: zero, unused)
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
+    for (int hf = 0; hf < C::kFragRows; ++hf) {
         uint32_t mx = 0;
 #pragma unroll
         for (int ks = 0; ks < C::kSKSteps; ++ks) {
@@ -276,7 +278,7 @@ __device__ __forceinline__ void fp8_score_partials(uint32_t kv_base, const uint3
                 v.z *= rowf[mt][1];
                 v.w *= rowf[mt][1];
             }
-            part_s[((warp * kMT + mt) * 2 + n) * 32 + lane] = v;
+            store_partial<C>(part_s, ((warp * kMT + mt) * 2 + n) * 32 + lane, v);
         }
 }
 
@@ -306,10 +308,11 @@ template <typename E, typename C>
 __device__ __forceinline__ void p_frags(const float (&s)[C::kMTiles][4][4], int kk, uint32_t (&pa)[C::kMTiles][4]) {
 #pragma unroll
     for (int mt = 0; mt < C::kMTiles; ++mt) {
+        // (rows 8-15 of a half m-tile: none, zero)
         pa[mt][0] = Elem<E>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        pa[mt][1] = Elem<E>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pa[mt][1] = C::kHalfM ? 0u : Elem<E>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
         pa[mt][2] = Elem<E>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        pa[mt][3] = Elem<E>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        pa[mt][3] = C::kHalfM ? 0u : Elem<E>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
     }
 }
 

@@ -313,7 +313,7 @@ __device__ __forceinline__ void start_segment(const DecodeArgs& a, const uint8_t
             for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
                 for (int hf = 0; hf < 2; ++hf) {
-                    const int m = m_tile * C::kBlockM + mt * 16 + g + 8 * hf;
+                    const int m = hf < C::kFragRows ? m_tile * C::kBlockM + mt * 16 + g + 8 * hf : a.m_rows;
                     const uint8_t* qn = nullptr;
                     const uint8_t* qr = nullptr;
                     if (m < a.m_rows) {
@@ -334,7 +334,7 @@ __device__ __forceinline__ void start_segment(const DecodeArgs& a, const uint8_t
 #pragma unroll
         for (int ks = 0; ks < C::kSKSteps; ++ks) {
             const int kk = kh * C::kSKSteps + ks;
-            ldmatrix_x4(qf[0][ks], q_base + q_chunk<C>(qrow, kk * 2 + col_half) * 16);
+            ldmatrix_a<C::kHalfM>(qf[0][ks], q_base + q_chunk<C>(qrow, kk * 2 + col_half) * 16);
         }
     } else {
         load_q_frags<C, kSparse>(a, b, m_tile, kh, qf);
@@ -394,27 +394,28 @@ __device__ __forceinline__ void score_partials(uint32_t kv_base, const uint32_t 
                 v.z += sacc[mt][n][1][2];
                 v.w += sacc[mt][n][1][3];
             }
-            part_s[((warp * kMT + mt) * 2 + n) * 32 + lane] = v;
+            store_partial<C>(part_s, ((warp * kMT + mt) * 2 + n) * 32 + lane, v);
         }
 }
 
 // ---- phase: sum the partials (configurations whose warps split the QK width in four) ----
-// Sums the four k-quarter partials in place: a unit is one half (rows g or g+8) of one
-// (n-half, m-tile, n8 tile) fragment; warp w adds up units w, w+8, ..., quarters in order,
-// into quarter 0's slot. Between two barriers.
+// Sums the four k-quarter partials in place: a unit is one half (rows g or g+8; with a half
+// m-tile only rows g) of one (n-half, m-tile, n8 tile) fragment, a float2; warp w adds up
+// units w, w+8, ..., quarters in order, into quarter 0's slot. Between two barriers.
 template <typename C>
 __device__ __forceinline__ void sum_partials(float4* part_s, int warp, int lane) {
-    constexpr int kMT = C::kMTiles;
+    constexpr int kMT = C::kMTiles, kH = C::kFragRows;  // float2 units per fragment slot
     __builtin_assume(warp >= 0 && warp < C::kWarps);
 #pragma unroll
-    for (int u = warp; u < 2 * 2 * kMT * 2; u += C::kWarps) {
-        const int h = u & 1, n = (u >> 1) & 1, mt = (u >> 2) % kMT, nhu = (u >> 2) / kMT;
-        float2* p = reinterpret_cast<float2*>(part_s + ((nhu * kMT + mt) * 2 + n) * 32 + lane) + h;
+    for (int u = warp; u < kH * 2 * kMT * 2; u += C::kWarps) {
+        const int h = u % kH, n = (u / kH) & 1, mt = (u / kH / 2) % kMT, nhu = (u / kH / 2) / kMT;
+        const int slot = ((nhu * kMT + mt) * 2 + n) * 32 + lane;
+        float2* p = C::kHalfM ? reinterpret_cast<float2*>(part_s) + slot : reinterpret_cast<float2*>(part_s + slot) + h;
         float2 acc = *p;
 #pragma unroll
         for (int q = 1; q < 4; ++q) {
             // warp nhu + q*kSplitN, same m-tile and n8 tile
-            const float2 u2 = *(p + q * C::kSplitN * kMT * 2 * 32 * 2);
+            const float2 u2 = *(p + q * C::kSplitN * kMT * 2 * 32 * kH);
             acc.x += u2.x;
             acc.y += u2.y;
         }
@@ -434,9 +435,9 @@ __device__ __forceinline__ void read_scores(const float4* part_s, int lane, floa
 #pragma unroll
         for (int jn = 0; jn < 4; ++jn) {
             const int nhj = jn >> 1, ntl = jn & 1;
-            const float4 p0 = part_s[((nhj * kMT + mt) * 2 + ntl) * 32 + lane];
+            const float4 p0 = load_partial<C>(part_s, ((nhj * kMT + mt) * 2 + ntl) * 32 + lane);
             if constexpr (C::kSplitK == 2) {
-                const float4 p1 = part_s[(((nhj + C::kSplitN) * kMT + mt) * 2 + ntl) * 32 + lane];
+                const float4 p1 = load_partial<C>(part_s, (((nhj + C::kSplitN) * kMT + mt) * 2 + ntl) * 32 + lane);
                 s[mt][jn][0] = p0.x + p1.x;
                 s[mt][jn][1] = p0.y + p1.y;
                 s[mt][jn][2] = p0.z + p1.z;
@@ -469,9 +470,9 @@ __device__ __forceinline__ void softmax_tile(const DecodeArgs& a, float (&s)[C::
     if constexpr (kVScaled) fp8_v_scales<C>(kv_base, warp, tq, vsc, vlg);
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
-        float alpha[2];
+        float alpha[2] = {1.f, 1.f};
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
+        for (int hf = 0; hf < C::kFragRows; ++hf) {
             // Causal limit of query row m (dense MTP): position i of q_len sees cache rows
             // < len - q_len + i + 1 (recomputed per tile: no registers held across the loop).
             const int row_lim =
@@ -509,8 +510,10 @@ __device__ __forceinline__ void softmax_tile(const DecodeArgs& a, float (&s)[C::
             for (int n = 0; n < C::kONTiles; ++n) {
                 o[mt][n][0] *= alpha[0];
                 o[mt][n][1] *= alpha[0];
-                o[mt][n][2] *= alpha[1];
-                o[mt][n][3] *= alpha[1];
+                if constexpr (!C::kHalfM) {
+                    o[mt][n][2] *= alpha[1];
+                    o[mt][n][3] *= alpha[1];
+                }
             }
         }
     }
@@ -559,7 +562,7 @@ __device__ __forceinline__ void write_segment(const DecodeArgs& a, const Cursor&
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
+        for (int hf = 0; hf < C::kFragRows; ++hf) {
             const float l = warp_sum4(l_run[mt][hf]);
             float inv = l > 0.f ? fast_rcp(l) : 0.f;
             if constexpr (C::Format::kFp8 && !C::Format::kDsMla) inv *= *a.kv_scale;  // per-tensor: V's scale
@@ -672,8 +675,10 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) decode_kernel(const DecodeA
 
         // ---- start a segment: Q fragments, empty accumulators ----
         if (seg_start) {
-            start_segment<C, kSparse>(a, sm.q(), cc.b, m_tile, (mat & 1) * 8 + mrow, kh, mat >> 1, qf, rowf, m_run, l_run,
-                                      o);
+            // the lane's ldmatrix row and k half of the A fragments (ldmatrix_a)
+            const int qrow = C::kHalfM ? mrow : (mat & 1) * 8 + mrow;
+            const int qhalf = C::kHalfM ? (mat & 1) : mat >> 1;
+            start_segment<C, kSparse>(a, sm.q(), cc.b, m_tile, qrow, kh, qhalf, qf, rowf, m_run, l_run, o);
             seg_j0 = cc.j;
         }
 

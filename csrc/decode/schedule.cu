@@ -53,8 +53,8 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
               "shape.kv_format: %d is not an mla_kv_format_t", static_cast<int>(fmt));
     const mla_tuning_t tune = tuning != nullptr ? *tuning : mla_tuning_t{};
     MLA_CHECK(tune.warps == 0 || tune.warps == 4 || tune.warps == 8, "tuning.warps: %d, must be 0, 4 or 8", tune.warps);
-    MLA_CHECK(tune.block_m == 0 || tune.block_m == 16 || (tune.block_m == 32 && tune.warps != 4),
-              "tuning.block_m: %d, must be 0, 16 or 32 (32 with 8 warps)", tune.block_m);
+    MLA_CHECK(tune.block_m == 0 || tune.block_m == 8 || tune.block_m == 16 || (tune.block_m == 32 && tune.warps != 4),
+              "tuning.block_m: %d, must be 0, 8, 16 or 32 (32 with 8 warps)", tune.block_m);
     MLA_CHECK(tune.pdl == MLA_PDL_OFF || (tune.pdl >= 0 && (tune.pdl & ~MLA_PDL_ALL) == 0),
               "tuning.pdl: %d, must be MLA_PDL_OFF or an OR of MLA_PDL_* bits", tune.pdl);
     MLA_CHECK(tune.combine_slices == 0 || tune.combine_slices == 1 || tune.combine_slices == 4,
@@ -84,7 +84,10 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     int smem = 0, ctas = 0;
     mla_status_t fit = config_fit<Cfg>(sm120_occupancy, smem_per_sm, optin, &smem, &ctas);
     if (fit != MLA_STATUS_OK) return fit;
-    int block_m = q_len * num_heads >= 32 && ctas == 1 && tune.warps != 4 ? 32 : 16;
+    // At most 8 query rows per request (8 heads or fewer, q_len 1): the half m-tile
+    // configurations (8 rows per CTA: the per-row phases skip the MMA's unused rows 8-15).
+    const int m_rows = q_len * num_heads;
+    int block_m = m_rows <= 8 ? 8 : (m_rows >= 32 && ctas == 1 && tune.warps != 4 ? 32 : 16);
     if (tune.block_m != 0) block_m = tune.block_m;
     int warps = block_m == 32 || max_tiles <= 2LL * sm_count ? 8 : 4;
     if (tune.warps != 0) warps = tune.warps;
@@ -92,7 +95,6 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
         return config_fit<decltype(c)>(sm120_occupancy, smem_per_sm, optin, &smem, &ctas);
     });
     if (fit != MLA_STATUS_OK) return fit;
-    const int m_rows = q_len * num_heads;
     const int m_tiles = (m_rows + block_m - 1) / block_m;
     const int target = sm_count * ctas;
     int parts = (target + m_tiles - 1) / m_tiles;

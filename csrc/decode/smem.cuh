@@ -32,6 +32,26 @@ __device__ __forceinline__ int q_chunk(int r, int c) {
     return r * (C::kQRowBytes / 16) + (c ^ (r & 7));
 }
 
+// The S partials: fragment slot i (fragment * 32 + lane) holds a float4 (the accumulator's
+// rows g: x, y and g + 8: z, w), or with a half m-tile only a float2 (x, y), packed.
+template <typename C>
+__device__ __forceinline__ void store_partial(float4* part_s, int i, const float4& v) {
+    if constexpr (C::kHalfM) {
+        reinterpret_cast<float2*>(part_s)[i] = make_float2(v.x, v.y);
+    } else {
+        part_s[i] = v;
+    }
+}
+template <typename C>
+__device__ __forceinline__ float4 load_partial(const float4* part_s, int i) {
+    if constexpr (C::kHalfM) {
+        const float2 v = reinterpret_cast<const float2*>(part_s)[i];
+        return make_float4(v.x, v.y, 0.f, 0.f);
+    } else {
+        return part_s[i];
+    }
+}
+
 template <typename C>
 struct SmemPlan {
     static constexpr int kKvOffset = 0;

@@ -176,7 +176,8 @@ fn sanitize_append_fp8() {
 // Decode of fp8 caches
 
 /// The tile configurations a case runs (cycled): the schedule's choice, then each forced
-/// (4 warps x 16 rows, 8 x 16, 8 x 32); the environment's MLA_* overrides apply otherwise.
+/// (4 warps x 16 rows, 8 x 16, 8 x 32, 4 x 8, 8 x 8); the environment's MLA_* overrides
+/// apply otherwise.
 fn config_options(i: usize, sm120_occupancy: bool) -> PlanOptions {
     let mut o = plan_options(sm120_occupancy);
     let (warps, block_m) = [
@@ -184,7 +185,9 @@ fn config_options(i: usize, sm120_occupancy: bool) -> PlanOptions {
         (Some(4), Some(16)),
         (Some(8), Some(16)),
         (Some(8), Some(32)),
-    ][i % 4];
+        (Some(4), Some(8)),
+        (Some(8), Some(8)),
+    ][i % 6];
     if o.tuning.warps.is_none() && o.tuning.block_m.is_none() {
         o.tuning.warps = warps;
         o.tuning.block_m = block_m;
