@@ -8,6 +8,7 @@
 
 #include "common/constants.cuh"
 #include "decode/format.cuh"
+#include "decode/format_fp8.cuh"
 
 namespace mla {
 
@@ -26,7 +27,8 @@ struct TileConfig {
     static constexpr int kFragRows = kHalfM ? 1 : 2;  // fragment rows per lane and m-tile (g, g + 8)
     static constexpr int kBlockM = kHalfM ? 8 : 16 * kMTiles;  // query rows (heads x q_len) per CTA
     // Q: staged in shared memory (ldmatrix) with one m-tile; with two, the Q tile does not
-    // fit 99 KB beside the stages, and each thread loads its fragments from global memory.
+    // fit 99 KB beside the stages, and each thread loads its fragments from global memory
+    // (KernelConfig: fp8 rows too).
     static constexpr bool kQInSmem = kMTiles == 1;
     static constexpr int kBlockN = 32;   // cache rows per pipeline stage
     static constexpr int kStages = 2;
@@ -38,7 +40,8 @@ struct TileConfig {
     static constexpr int kSNTiles = kBlockN / 8 / kSplitN;       // n8 tiles of S per warp
     static constexpr int kRowsPerWarp = kBlockN / kWarps;        // tile rows each warp loads
     // shared memory that does not depend on the row format
-    static constexpr int kPartialBytes = kWarps * kMTiles * kSNTiles * 32 * 16;
+    // (S partials: a float4 per lane and fragment, a float2 with a half m-tile)
+    static constexpr int kPartialBytes = kWarps * kMTiles * kSNTiles * 32 * 8 * kFragRows;
     static constexpr int kValidBytes = kStages * kBlockN * 4;
 
     static_assert(kWarps == 4 || kWarps == 8, "warp counts the S reduction handles");
@@ -56,6 +59,12 @@ struct TileConfig {
 template <typename Fmt, typename Tile>
 struct KernelConfig : Tile {
     using Format = Fmt;
+    // Q staged in shared memory: with one m-tile, except fp8 rows with 4 warps (the streaming
+    // configuration), which take their Q fragments from global memory at each segment start:
+    // without the Q tile (9,216 or 18,432 B) a 4-warp fp8 CTA needs at most 46,336 B, and an
+    // sm_120 SM (100 KB) holds two. (The 8-warp configurations serve small steps, where
+    // the staged Q's load with the first tile is off the critical path: log #46.)
+    static constexpr bool kQInSmem = Tile::kQInSmem && !(Fmt::kFp8 && Tile::kWarps == 4);
     // S = Q K^T: k16 steps of the QK width per warp
     static constexpr int kSKSteps = Fmt::kQkDim / 16 / Tile::kSplitK;
     // O += P V: warps split the kVDim output dims
@@ -64,7 +73,7 @@ struct KernelConfig : Tile {
     // shared memory
     static constexpr int kKvStageBytes = Tile::kBlockN * Fmt::kSmemRowBytes;     // 36,864 (f16)
     static constexpr int kQRowBytes = Fmt::kQkDim * 2;                           // a staged query row
-    static constexpr int kQBytes = Tile::kQInSmem ? Tile::kBlockM * kQRowBytes : 0;  // 18,432 (576 wide)
+    static constexpr int kQBytes = kQInSmem ? Tile::kBlockM * kQRowBytes : 0;  // 18,432 (576 wide)
     static constexpr int kSmemBytes =
         Tile::kStages * kKvStageBytes + kQBytes + Tile::kPartialBytes + Tile::kValidBytes;
 
@@ -75,10 +84,15 @@ struct KernelConfig : Tile {
     static_assert(kSmemBytes + 1024 <= kSm120SmemPerSm, "one CTA must fit an sm_120 SM");
 };
 
-// What the schedule and the launch size shared memory with: f16 and bf16 rows (the formats
-// decoded today) need the same.
-template <typename Tile>
-using KernelConfig16 = KernelConfig<RowF16<__nv_bfloat16>, Tile>;
+// Calls f(Fmt{}) with the row format (bf16 queries) that sizes shared memory and occupancy
+// for cache format fmt: the schedule, the launch's check and decode_ctas_per_sm use it (the
+// query dtype changes neither the shared memory nor, materially, the registers).
+template <typename F>
+auto with_row_format(mla_kv_format_t fmt, F&& f) {
+    if (fmt == MLA_KV_FP8_DS_MLA) return f(RowFp8DsMla<__nv_bfloat16>{});
+    if (fmt == MLA_KV_FP8) return f(RowFp8Tensor<__nv_bfloat16>{});
+    return f(RowF16<__nv_bfloat16>{});
+}
 using Cfg = TileConfig<4>;   // the shared constants (block sizes) and the streaming configuration
 using Cfg8 = TileConfig<8>;
 using CfgWide = TileConfig<8, 2>;  // 32 query rows per CTA: many heads

@@ -59,16 +59,17 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
     if (dev != s->device)
         return fail(MLA_STATUS_WRONG_DEVICE, "s: the schedule was made for device %d, the current device is %d",
                     s->device, dev);
-    // A schedule edited by hand must still match the configuration it launches. (The fp8
-    // formats need less shared memory than f16/bf16 rows: the schedule's size serves them.)
+    // A schedule edited by hand must still match the configuration it launches.
     const mla_schedule_internal_t& in = s->internal;
     MLA_CHECK(in.combine_slices == 1 || in.combine_slices == 4, "s.internal.combine_slices: %d", in.combine_slices);
     MLA_CHECK((in.warps == 4 || in.warps == 8) &&
                   (in.block_m == 8 || in.block_m == 16 || (in.block_m == 32 && in.warps == 8)),
               "s.internal: warps %d, block_m %d is not a configuration", in.warps, in.block_m);
     MLA_CHECK((in.pdl & ~MLA_PDL_ALL) == 0, "s.internal.pdl: %d", in.pdl);
-    const int need_smem =
-        with_config(in.warps, in.block_m, [](auto c) { return KernelConfig16<decltype(c)>::kSmemBytes; });
+    const int need_smem = with_row_format(fmt, [&](auto f) {
+        return with_config(in.warps, in.block_m,
+                           [](auto c) { return KernelConfig<decltype(f), decltype(c)>::kSmemBytes; });
+    });
     MLA_CHECK(s->smem_bytes >= need_smem && s->num_m_tiles == (a.m_rows + in.block_m - 1) / in.block_m &&
                   s->num_parts >= 1,
               "s: smem_bytes, num_m_tiles or num_parts do not match the configuration (edited by hand?)");
@@ -223,11 +224,13 @@ cudaError_t mla::decode_allow_smem(int bytes) {
     return e;
 }
 
-cudaError_t mla::decode_ctas_per_sm(int warps, int block_m, int smem, int* ctas) {
-    return with_config(warps, block_m, [&](auto c) {
-        using C = decltype(c);
-        return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, decode_kernel<RowF16<__nv_bfloat16>, false, C>,
-                                                             C::kThreads, smem);
+cudaError_t mla::decode_ctas_per_sm(mla_kv_format_t fmt, int warps, int block_m, int smem, int* ctas) {
+    return with_row_format(fmt, [&](auto f) {
+        return with_config(warps, block_m, [&](auto c) {
+            using C = decltype(c);
+            return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, decode_kernel<decltype(f), false, C>, C::kThreads,
+                                                                 smem);
+        });
     });
 }
 

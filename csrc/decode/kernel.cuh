@@ -290,6 +290,33 @@ struct TilePipeline {
 // were written inline: arithmetic on lane ids inside a phase is simplified before inlining,
 // differently, and moved registers at the 255 cap.
 
+// ---- fp8 without a Q tile: a segment's Q fragments from global memory ------------------------
+// Every lane loads its A fragments of the request's rows (decode/fp8_phases.cuh: latent steps
+// k-permuted) at the segment's start. (Loaded before the tile's wait, or the part's first
+// before the loop, the streaming rows lost 3-9 %: the loop's code moved; docs/PERFORMANCE.md
+// log #46.) (load_q_frags' row addressing, written out again: through a shared helper the
+// two-m-tile kernels' SASS moved on sm_90 and sm_120.)
+template <typename C, bool kSparse>
+__device__ __forceinline__ void fp8_load_q(const DecodeArgs& a, int b, int m_tile, int kh,
+                                           uint32_t (&qf)[C::kMTiles][C::kSKSteps][4]) {
+    const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+    for (int mt = 0; mt < C::kMTiles; ++mt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const int m = hf < C::kFragRows ? m_tile * C::kBlockM + mt * 16 + g + 8 * hf : a.m_rows;
+            const uint8_t* qn = nullptr;
+            const uint8_t* qr = nullptr;
+            if (m < a.m_rows) {
+                int token, head;
+                row_token_head<kSparse>(a, b, m, token, head);
+                qn = a.q_nope + (token * a.qn_ts + head * a.qn_hs) * 2;
+                qr = a.q_rope + (token * a.qr_ts + head * a.qr_hs) * 2;
+            }
+            fp8_q_from_global<C>(qn, qr, hf, kh, qf[mt]);
+        }
+}
+
 // ---- phase: start a segment -----------------------------------------------------------------
 // At the first tile of a request in this part: this warp's Q fragments (A operands of its k16
 // steps kh * kSKSteps ..) from the staged Q tile (ldmatrix row qrow, 8-column half col_half;
@@ -306,24 +333,7 @@ __device__ __forceinline__ void start_segment(const DecodeArgs& a, const uint8_t
         if constexpr (C::kQInSmem) {
             fp8_q_from_smem<C>(smem_u32(q_s), kh, qrow, col_half, qf[0]);
         } else {
-            // load_q_frags' row addressing, written out again: through a shared helper the
-            // two-m-tile kernels' SASS moved (sm_90 and sm_120), and they are measured as they are
-            const int g = (threadIdx.x & 31) >> 2;
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-                for (int hf = 0; hf < 2; ++hf) {
-                    const int m = hf < C::kFragRows ? m_tile * C::kBlockM + mt * 16 + g + 8 * hf : a.m_rows;
-                    const uint8_t* qn = nullptr;
-                    const uint8_t* qr = nullptr;
-                    if (m < a.m_rows) {
-                        int token, head;
-                        row_token_head<kSparse>(a, b, m, token, head);
-                        qn = a.q_nope + (token * a.qn_ts + head * a.qn_hs) * 2;
-                        qr = a.q_rope + (token * a.qr_ts + head * a.qr_hs) * 2;
-                    }
-                    fp8_q_from_global<C>(qn, qr, hf, kh, qf[mt]);
-                }
+            fp8_load_q<C, kSparse>(a, b, m_tile, kh, qf);
         }
         if constexpr (std::is_same<typename C::Format::Elem, __nv_bfloat16>::value) {
 #pragma unroll

@@ -5,13 +5,16 @@
 
 #include <cuda_runtime.h>
 
+#include "mla_decode.h"
+
 namespace mla {
 
 // Lets every decode kernel instantiation request up to `bytes` of dynamic shared memory.
 cudaError_t decode_allow_smem(int bytes);
 
-// Resident CTAs per SM of the decode kernel in configuration (warps, block_m) (config.cuh's
-// with_config) when it requests `smem` bytes of dynamic shared memory.
-cudaError_t decode_ctas_per_sm(int warps, int block_m, int smem, int* ctas);
+// Resident CTAs per SM of the decode kernel for cache format fmt in configuration (warps,
+// block_m) (config.cuh's with_row_format, with_config) when it requests `smem` bytes of
+// dynamic shared memory.
+cudaError_t decode_ctas_per_sm(mla_kv_format_t fmt, int warps, int block_m, int smem, int* ctas);
 
 }  // namespace mla

@@ -12,24 +12,27 @@ using namespace mla;
 
 namespace {
 
-// Dynamic shared memory a configuration requests (padded in sm120-occupancy mode so that
-// an SM holds as many CTAs as an sm_120 SM) and the CTAs per SM that then fit.
+// Dynamic shared memory a configuration requests for cache format fmt (padded in
+// sm120-occupancy mode so that an SM holds as many CTAs as an sm_120 SM) and the CTAs per SM
+// that then fit.
 template <typename C>
-mla_status_t config_fit(bool sm120_occupancy, int smem_per_sm, int optin, int* smem_out, int* ctas_out) {
-    int smem = KernelConfig16<C>::kSmemBytes;
+mla_status_t config_fit(mla_kv_format_t fmt, bool sm120_occupancy, int smem_per_sm, int optin, int* smem_out,
+                        int* ctas_out) {
+    const int need = with_row_format(fmt, [](auto f) { return KernelConfig<decltype(f), C>::kSmemBytes; });
+    int smem = need;
     if (smem > optin)
         return fail(MLA_STATUS_UNSUPPORTED, "the device allows %d bytes of shared memory per block, the configuration needs %d",
                     optin, smem);
     if (sm120_occupancy) {
         // As many CTAs per SM as sm_120 holds (100 KB per SM, 1 KB reserved per CTA).
-        const int sm120_ctas = kSm120SmemPerSm / (KernelConfig16<C>::kSmemBytes + 1024);
+        const int sm120_ctas = kSm120SmemPerSm / (need + 1024);
         int padded = smem_per_sm / (sm120_ctas + 1) - 1024 + 16;
         padded = (padded + 15) & ~15;
         smem = padded > smem ? padded : smem;
         if (smem > optin) smem = optin;
     }
     int ctas = 0;
-    MLA_CUDA_TRY(decode_ctas_per_sm(C::kWarps, C::kBlockM, smem, &ctas));
+    MLA_CUDA_TRY(decode_ctas_per_sm(fmt, C::kWarps, C::kBlockM, smem, &ctas));
     if (ctas < 1) return fail(MLA_STATUS_UNSUPPORTED, "no decode CTA fits an SM of this device");
     *smem_out = smem;
     *ctas_out = ctas;
@@ -82,7 +85,7 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     // finish its tiles sooner); else 4 warps, two CTAs per H200 SM.
     const int64_t max_tiles = all_tiles * ((static_cast<int64_t>(q_len) * num_heads + Cfg::kBlockM - 1) / Cfg::kBlockM);
     int smem = 0, ctas = 0;
-    mla_status_t fit = config_fit<Cfg>(sm120_occupancy, smem_per_sm, optin, &smem, &ctas);
+    mla_status_t fit = config_fit<Cfg>(fmt, sm120_occupancy, smem_per_sm, optin, &smem, &ctas);
     if (fit != MLA_STATUS_OK) return fit;
     // At most 8 query rows per request (8 heads or fewer, q_len 1): the half m-tile
     // configurations (8 rows per CTA: the per-row phases skip the MMA's unused rows 8-15).
@@ -92,7 +95,7 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     int warps = block_m == 32 || max_tiles <= 2LL * sm_count ? 8 : 4;
     if (tune.warps != 0) warps = tune.warps;
     fit = with_config(warps, block_m, [&](auto c) {
-        return config_fit<decltype(c)>(sm120_occupancy, smem_per_sm, optin, &smem, &ctas);
+        return config_fit<decltype(c)>(fmt, sm120_occupancy, smem_per_sm, optin, &smem, &ctas);
     });
     if (fit != MLA_STATUS_OK) return fit;
     const int m_tiles = (m_rows + block_m - 1) / block_m;
