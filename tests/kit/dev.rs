@@ -42,8 +42,8 @@ macro_rules! with_dtype {
 pub(crate) use with_dtype;
 
 /// The schedule overrides of an experiment, from the environment (the library reads none;
-/// `scripts/gpu-ab.sh` sets these per setting): `MLA_WARPS` (4 or 8), `MLA_BLOCK_M` (16 or
-/// 32), `MLA_PDL` (0 off, else an OR of 1 = launch attribute, 2 = trigger at the decode
+/// `scripts/gpu-ab.sh` sets these per setting): `MLA_WARPS` (4 or 8), `MLA_BLOCK_M` (8, 16
+/// or 32), `MLA_PDL` (0 off, else an OR of 1 = launch attribute, 2 = trigger at the decode
 /// CTA's start, 4 = at its last tile; default 5), `MLA_COMBINE_SLICES` (1 or 4),
 /// `MLA_MIN_CHUNK` (>= 1). Unset or empty: the schedule's choice. A value that is not a
 /// number is an error here; one the schedule does not take fails the plan.
