@@ -32,8 +32,9 @@
 //      The query side follows from kQkDim and kRopeDim alone (decode/kernel.cuh: the query is
 //      `Elem`, staged kQkDim wide, whatever the cache holds).
 //   2. Instantiate the kernels for it: decode/decode.cu maps (dtype, cache format) to a policy
-//      where it picks `RowF16<T>` today (launch_typed, set_smem_attr, decode_ctas_per_sm) and
-//      the schedule sizes shared memory with KernelConfig<Fmt, Tile> (config.cuh).
+//      (launch, allow_smem_dtype), and config.cuh's with_row_format maps the cache format to
+//      the policy whose KernelConfig<Fmt, Tile> sizes shared memory and occupancy (the
+//      schedule, the launch's check, decode_ctas_per_sm).
 //   3. KernelConfig<Fmt, Tile>::kSmemBytes (config.cuh) static_asserts the stages of
 //      kSmemRowBytes rows, the query tile, the S partials and the flags against sm_120's
 //      101,376 bytes per block: a format whose rows do not fit a configuration fails to compile
