@@ -44,7 +44,18 @@ struct TileConfig {
     static constexpr int kPartialBytes = kWarps * kMTiles * kSNTiles * 32 * 8 * kFragRows;
     static constexpr int kValidBytes = kStages * kBlockN * 4;
 
+    // One softmax per tile (16-bit rows; decode/kernel.cuh, softmax_rows): each warp owns
+    // kBlockM / kWarps query rows of the tile's S, turns them into P in shared memory and every
+    // warp reads P back as A fragments, instead of every warp redoing the whole tile's softmax.
+    // Used by the 32-row configuration (many heads), where it measured 5-12 % faster (log #49);
+    // the 16- and 8-row ones measured even (4 warps) or slower (8 warps, 1-2 rows per warp:
+    // the row reductions span 16-32 lanes; and 8 warps x 16 rows are at sm_120's shared
+    // memory limit), and keep one softmax per warp (softmax_tile).
+    static constexpr bool kSharedSoftmax = kMTiles == 2;
+    static constexpr int kSoftRows = kBlockM / kWarps;  // query rows each warp's softmax owns
+
     static_assert(kWarps == 4 || kWarps == 8, "warp counts the S reduction handles");
+    static_assert(!kSharedSoftmax || kSoftRows == 1 || kSoftRows == 2 || kSoftRows == 4, "softmax rows per warp");
     static_assert(kMTiles == 1 || (kMTiles == 2 && kWarps == 8), "two m-tiles only with 8 warps");
     static_assert(!kHalfM || kMTiles == 1, "a half m-tile is the only m-tile");
     static_assert(kSplitN * kSplitK == kWarps, "warp split");
@@ -74,8 +85,13 @@ struct KernelConfig : Tile {
     static constexpr int kKvStageBytes = Tile::kBlockN * Fmt::kSmemRowBytes;     // 36,864 (f16)
     static constexpr int kQRowBytes = Fmt::kQkDim * 2;                           // a staged query row
     static constexpr int kQBytes = kQInSmem ? Tile::kBlockM * kQRowBytes : 0;  // 18,432 (576 wide)
+    // one softmax per tile (16-bit rows): P (kBlockM rows of kBlockN values, rows padded to
+    // 80 bytes: ldmatrix conflict-free), the rows' rescale factors and end-of-segment stats
+    static constexpr bool kSharedSoftmax = Tile::kSharedSoftmax && !Fmt::kFp8;
+    static constexpr int kPRowBytes = Tile::kBlockN * 2 + 16;
+    static constexpr int kSoftBytes = kSharedSoftmax ? Tile::kBlockM * (kPRowBytes + 4 + 8) : 0;
     static constexpr int kSmemBytes =
-        Tile::kStages * kKvStageBytes + kQBytes + Tile::kPartialBytes + Tile::kValidBytes;
+        Tile::kStages * kKvStageBytes + kQBytes + Tile::kPartialBytes + Tile::kValidBytes + kSoftBytes;
 
     static_assert(kSKSteps * 16 * Tile::kSplitK == Fmt::kQkDim, "k split");
     static_assert(kODims * Tile::kWarps == Fmt::kVDim && kONTiles % 2 == 0, "PV loads two n8 tiles per ldmatrix");

@@ -555,12 +555,154 @@ __device__ __forceinline__ void pv_tile(uint32_t kv_base, const float (&s)[C::kM
     }
 }
 
+// ---- phase: one softmax per tile (kSharedSoftmax) -------------------------------------------
+// Instead of every warp redoing the whole tile's softmax: this warp's kSoftRows query rows
+// (CTA rows warp * kSoftRows + rl, lane = rl * kLanes + cb, tile columns cb * kCols ..): their
+// S summed from the k-split partials (quarters in order), masked (valid flags; dense: the
+// causal limit), scaled to the log2 domain, and the online softmax against the row's running
+// max m_own (l_own: this lane's share of the running sum). Writes P (the element type) to the
+// P tile, the row's rescale factor for o to alpha, and at a segment's end the row's (sum, max)
+// to stats; every warp reads them after the next barrier (pv_shared, write_segment).
+template <typename C, bool kSparse>
+__device__ __forceinline__ void softmax_rows(const DecodeArgs& a, const float4* part_s, const int32_t* valid, int pos0,
+                                             int len, int m_tile, bool seg_end, int warp, int lane, const SmemPlan<C>& sm,
+                                             float& m_own, float& l_own) {
+    using T = typename C::Format::Elem;
+    constexpr int kR = C::kSoftRows, kLanes = 32 / kR, kCols = C::kBlockN / kLanes;
+    constexpr int kMT = C::kMTiles;
+    constexpr int kW = C::kHalfM ? 2 : 4;                       // floats per partial slot
+    constexpr int kQStride = C::kSplitN * kMT * 2 * 32 * kW;    // floats between k quarters
+    static_assert(kLanes * kR == 32 && kCols * kLanes == C::kBlockN, "a row's columns over its lanes");
+    const int rl = lane / kLanes, cb = lane % kLanes;
+    const int row = warp * kR + rl;  // the CTA's query row
+    const int mt = row >> 4, g = row & 7, hf = (row >> 3) & 1;
+    const int c0 = cb * kCols;
+    const float* fp = reinterpret_cast<const float*>(part_s);
+    float v[kCols];
+#pragma unroll
+    for (int i = 0; i < kCols; i += (kCols >= 2 ? 2 : 1)) {
+        const int c = c0 + i;
+        const int jn = c >> 3, wl = g * 4 + ((c & 7) >> 1);
+        const int at = ((((jn >> 1) * kMT + mt) * 2 + (jn & 1)) * 32 + wl) * kW + hf * 2 + (kCols >= 2 ? 0 : (c & 1));
+        if constexpr (kCols >= 2) {
+            float2 acc = *reinterpret_cast<const float2*>(fp + at);
+#pragma unroll
+            for (int q = 1; q < C::kSplitK; ++q) {
+                const float2 u = *reinterpret_cast<const float2*>(fp + at + q * kQStride);
+                acc.x += u.x;
+                acc.y += u.y;
+            }
+            v[i] = acc.x;
+            v[i + 1] = acc.y;
+        } else {
+            float acc = fp[at];
+#pragma unroll
+            for (int q = 1; q < C::kSplitK; ++q) acc += fp[at + q * kQStride];
+            v[i] = acc;
+        }
+    }
+    int ok[kCols];
+    if constexpr (kCols == 4) {
+        const int4 f = *reinterpret_cast<const int4*>(valid + c0);
+        ok[0] = f.x, ok[1] = f.y, ok[2] = f.z, ok[3] = f.w;
+    } else if constexpr (kCols == 2) {
+        const int2 f = *reinterpret_cast<const int2*>(valid + c0);
+        ok[0] = f.x, ok[1] = f.y;
+    } else {
+        ok[0] = valid[c0];
+    }
+    // causal limit of this query row (dense MTP), as softmax_tile
+    const int row_lim = kSparse ? 0x7fffffff : len - a.q_len + 1 + (m_tile * C::kBlockM + row) / a.num_heads;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kCols; ++i) {
+        v[i] = (ok[i] != 0 && pos0 + c0 + i < row_lim) ? v[i] * a.scale_log2 : -INFINITY;
+        mx = fmaxf(mx, v[i]);
+    }
+#pragma unroll
+    for (int d = 1; d < kLanes; d <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+    const float m_new = fmaxf(m_own, mx);
+    const float base = (m_new == -INFINITY) ? 0.f : m_new;
+    const float alpha = fast_exp2(m_own - base);  // m_own = -inf -> 0
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < kCols; ++i) {
+        v[i] = fast_exp2(v[i] - base);
+        sum += v[i];
+    }
+    l_own = l_own * alpha + sum;
+    m_own = m_new;
+    uint8_t* prow = sm.p_tile() + row * C::kPRowBytes + c0 * 2;
+    if constexpr (kCols == 4) {
+        *reinterpret_cast<uint2*>(prow) = make_uint2(Elem<T>::pack(v[0], v[1]), Elem<T>::pack(v[2], v[3]));
+    } else if constexpr (kCols == 2) {
+        *reinterpret_cast<uint32_t*>(prow) = Elem<T>::pack(v[0], v[1]);
+    } else {
+        *reinterpret_cast<uint16_t*>(prow) = static_cast<uint16_t>(Elem<T>::pack(v[0], 0.f) & 0xffffu);
+    }
+    if (cb == 0) sm.alpha()[row] = alpha;
+    if (seg_end) {
+        float l = l_own;
+#pragma unroll
+        for (int d = 1; d < kLanes; d <<= 1) l += __shfl_xor_sync(0xffffffffu, l, d);
+        if (cb == 0) sm.stats()[row] = make_float2(l, m_own);
+    }
+}
+
+// ---- phase: P V from the shared P tile (kSharedSoftmax) ---------------------------------------
+// Rescales o by the rows' factors (when any moved), then O += P V over this warp's kODims
+// output dims with P's A fragments read from the P tile (ldmatrix) and V as pv_tile reads it.
+template <typename T, typename C>
+__device__ __forceinline__ void pv_shared(uint32_t kv_base, const SmemPlan<C>& sm, int g, int lane, int vrow0, int warp,
+                                          int col_half, float (&o)[C::kMTiles][C::kONTiles][4]) {
+    constexpr int kMT = C::kMTiles;
+    const float* alpha_s = sm.alpha();
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+        const float a0 = alpha_s[mt * 16 + g];
+        const float a1 = C::kHalfM ? 1.f : alpha_s[mt * 16 + g + 8];
+        if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {  // a running max moved
+#pragma unroll
+            for (int n = 0; n < C::kONTiles; ++n) {
+                o[mt][n][0] *= a0;
+                o[mt][n][1] *= a0;
+                if constexpr (!C::kHalfM) {
+                    o[mt][n][2] *= a1;
+                    o[mt][n][3] *= a1;
+                }
+            }
+        }
+    }
+    // the lane's ldmatrix row and 8-column half of P (ldmatrix_a)
+    const int prow = C::kHalfM ? (lane & 7) : (lane & 15);
+    const int pcol = C::kHalfM ? ((lane >> 3) & 1) * 8 : (lane >> 4) * 8;
+    const uint32_t p_base = smem_u32(sm.p_tile()) + prow * C::kPRowBytes + pcol * 2;
+#pragma unroll
+    for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
+        uint32_t pa[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) ldmatrix_a<C::kHalfM>(pa[mt], p_base + mt * 16 * C::kPRowBytes + kk * 32);
+        const int vrow = kk * 16 + vrow0;
+#pragma unroll
+        for (int pr = 0; pr < C::kONTiles / 2; ++pr) {
+            uint32_t bfr[4];
+            C::Format::v_frag(bfr, kv_base, vrow, (warp * C::kODims + pr * 16) / 8 + col_half);
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+                mma16816<T>(o[mt][2 * pr], pa[mt], bfr[0], bfr[1]);
+                mma16816<T>(o[mt][2 * pr + 1], pa[mt], bfr[2], bfr[3]);
+            }
+        }
+    }
+}
+
 // ---- phase: write a finished segment ----------------------------------------------------
 // The end of a request's rows in this part: normalizes o by the running sum and writes this
 // lane's dims of each fragment row (dims col0 + 8 n) with the lse: straight to out and lse
 // when the whole request lay in this part (whole), else as this part's piece of a split
-// request to workspace slot `slot` (decode/split.cuh) for the combine.
-template <typename T, bool kSparse, typename C>
+// request to workspace slot `slot` (decode/split.cuh) for the combine. (kLTotal: l_run holds
+// each row's whole sum, from the shared softmax's stats, not the quad's shares.)
+template <typename T, bool kSparse, typename C, bool kLTotal = false>
 __device__ __forceinline__ void write_segment(const DecodeArgs& a, const Cursor& cc, int seg_j0, int part, int first_req,
                                               int m_tile, int g, int warp, int tq,
                                               const float (&o)[C::kMTiles][C::kONTiles][4],
@@ -573,7 +715,7 @@ __device__ __forceinline__ void write_segment(const DecodeArgs& a, const Cursor&
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
         for (int hf = 0; hf < C::kFragRows; ++hf) {
-            const float l = warp_sum4(l_run[mt][hf]);
+            const float l = kLTotal ? l_run[mt][hf] : warp_sum4(l_run[mt][hf]);  // kLTotal: the row's whole sum
             float inv = l > 0.f ? fast_rcp(l) : 0.f;
             if constexpr (C::Format::kFp8 && !C::Format::kDsMla) inv *= *a.kv_scale;  // per-tensor: V's scale
             const float lse2 = l > 0.f ? m_run[mt][hf] + fast_log2(l) : -INFINITY;
@@ -667,6 +809,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) decode_kernel(const DecodeA
     float m_run[kMT][2], l_run[kMT][2];
     uint32_t qf[kMT][C::kSKSteps][4];
     float rowf[kMT][2];  // fp8 path, bf16 queries: 2^-a per fragment row (decode/fp8_phases.cuh)
+    float m_own = -INFINITY, l_own = 0.f;  // one softmax per tile: this lane's query row (softmax_rows)
     int seg_j0 = cc.j;  // the first tile of the current segment
 
     for (int x = lo; x < hi; ++x) {
@@ -689,6 +832,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) decode_kernel(const DecodeA
             const int qrow = C::kHalfM ? mrow : (mat & 1) * 8 + mrow;
             const int qhalf = C::kHalfM ? (mat & 1) : mat >> 1;
             start_segment<C, kSparse>(a, sm.q(), cc.b, m_tile, qrow, kh, qhalf, qf, rowf, m_run, l_run, o);
+            m_own = -INFINITY;
+            l_own = 0.f;
             seg_j0 = cc.j;
         }
 
@@ -705,30 +850,53 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) decode_kernel(const DecodeA
                                  warp, lane);
         }
         __syncthreads();
-        if constexpr (C::kSplitK == 4) {
-            sum_partials<C>(part_s, warp, lane);
+        if constexpr (C::kSharedSoftmax) {
+            if (x == lo) MLA_TRACE_AT(kTraceDecode, kTraceFirstSDone);
+            const bool seg_end = (x + 1 == hi) || (cc.j + 1 == cc.ntiles());
+            // ---- softmax: this warp's rows of S into P (shared memory), then P V over its dims ----
+            softmax_rows<C, kSparse>(a, part_s, valid_cur, cc.j << kTileShift, cc.len, m_tile, seg_end, warp, lane, sm,
+                                     m_own, l_own);
             __syncthreads();
-        }
-        if (x == lo) MLA_TRACE_AT(kTraceDecode, kTraceFirstSDone);
-
-        // ---- softmax: the full S (every warp reads it in the same order), mask, online softmax ----
-        float s[kMT][4][4];
-        read_scores<C>(part_s, lane, s);
-        softmax_tile<C, kSparse>(a, s, valid_cur + 2 * tq, cc.j << kTileShift, cc.len, m_tile, g, tq, kv_base, warp,
-                                 m_run, l_run, o);
-
-        // ---- P V: O += P V over this warp's output dims ----
-        if constexpr (Fmt::kFp8) {
-            fp8_pv_tile<C>(kv_base, s, (mat & 1) * 8 + mrow, warp, mat >> 1, o);
+            pv_shared<T, C>(kv_base, sm, g, lane, (mat & 1) * 8 + mrow, warp, mat >> 1, o);
+            if (x == lo) MLA_TRACE_AT(kTraceDecode, kTraceFirstPvDone);
+            if (seg_end) {
+                float l_tot[kMT][2], m_tot[kMT][2];
+#pragma unroll
+                for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                    for (int hf = 0; hf < C::kFragRows; ++hf) {
+                        const float2 st = sm.stats()[mt * 16 + g + 8 * hf];
+                        l_tot[mt][hf] = st.x;
+                        m_tot[mt][hf] = st.y;
+                    }
+                write_segment<T, kSparse, C, true>(a, cc, seg_j0, part, first_req, m_tile, g, warp, tq, o, m_tot, l_tot);
+            }
         } else {
-            pv_tile<T, C>(kv_base, s, (mat & 1) * 8 + mrow, warp, mat >> 1, o);
-        }
+            if constexpr (C::kSplitK == 4) {
+                sum_partials<C>(part_s, warp, lane);
+                __syncthreads();
+            }
+            if (x == lo) MLA_TRACE_AT(kTraceDecode, kTraceFirstSDone);
 
-        if (x == lo) MLA_TRACE_AT(kTraceDecode, kTraceFirstPvDone);
-        // ---- write: at the end of a segment, normalize and write ----
-        const bool seg_end = (x + 1 == hi) || (cc.j + 1 == cc.ntiles());
-        if (seg_end) {
-            write_segment<T, kSparse, C>(a, cc, seg_j0, part, first_req, m_tile, g, warp, tq, o, m_run, l_run);
+            // ---- softmax: the full S (every warp reads it in the same order), mask, online softmax ----
+            float s[kMT][4][4];
+            read_scores<C>(part_s, lane, s);
+            softmax_tile<C, kSparse>(a, s, valid_cur + 2 * tq, cc.j << kTileShift, cc.len, m_tile, g, tq, kv_base, warp,
+                                     m_run, l_run, o);
+
+            // ---- P V: O += P V over this warp's output dims ----
+            if constexpr (Fmt::kFp8) {
+                fp8_pv_tile<C>(kv_base, s, (mat & 1) * 8 + mrow, warp, mat >> 1, o);
+            } else {
+                pv_tile<T, C>(kv_base, s, (mat & 1) * 8 + mrow, warp, mat >> 1, o);
+            }
+
+            if (x == lo) MLA_TRACE_AT(kTraceDecode, kTraceFirstPvDone);
+            // ---- write: at the end of a segment, normalize and write ----
+            const bool seg_end = (x + 1 == hi) || (cc.j + 1 == cc.ntiles());
+            if (seg_end) {
+                write_segment<T, kSparse, C>(a, cc, seg_j0, part, first_req, m_tile, g, warp, tq, o, m_run, l_run);
+            }
         }
         // ---- issue tile x+2 into this stage (or at the top of the next iteration); advance ----
         bool ahead_next = false;

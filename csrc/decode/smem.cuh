@@ -3,7 +3,8 @@
 // compile-time constants, only the base is a pointer). The layout, in bytes from the base
 // (128-byte aligned):
 //
-//   [kv stage 0 | kv stage 1 | Q tile (kQInSmem only) | S partials | valid flags, per stage]
+//   [kv stage 0 | kv stage 1 | Q tile (kQInSmem only) | S partials | valid flags, per stage |
+//    P tile, rescale factors, row stats (kSharedSoftmax only)]
 //
 //   - kv stage s: the kBlockN cache rows of the tile in stage s, as the row format stages
 //     them (kSmemRowBytes each; f16/bf16: 1,152-byte rows of swizzled 16-byte chunks);
@@ -58,9 +59,13 @@ struct SmemPlan {
     static constexpr int kQOffset = kKvOffset + C::kStages * C::kKvStageBytes;
     static constexpr int kPartialOffset = kQOffset + C::kQBytes;
     static constexpr int kValidOffset = kPartialOffset + C::kPartialBytes;
-    static constexpr int kBytes = kValidOffset + C::kValidBytes;
+    static constexpr int kPOffset = kValidOffset + C::kValidBytes;
+    static constexpr int kAlphaOffset = kPOffset + C::kBlockM * C::kPRowBytes;
+    static constexpr int kStatsOffset = kAlphaOffset + C::kBlockM * 4;
+    static constexpr int kBytes = kValidOffset + C::kValidBytes + C::kSoftBytes;
     static_assert(kBytes == C::kSmemBytes, "the plan covers every buffer KernelConfig counts");
     static_assert(kPartialOffset % 16 == 0 && kValidOffset % 16 == 0, "float4 partials, aligned flags");
+    static_assert(kPOffset % 16 == 0 && C::kPRowBytes % 16 == 0 && kStatsOffset % 8 == 0, "aligned P rows and stats");
     static_assert(C::kPartialBytes >= PartScratch::kInts * 4, "find_part's scratch fits in the S partials");
 
     // The buffers' addresses (the offsets above from the base).
@@ -83,6 +88,11 @@ struct SmemPlan {
     __device__ __forceinline__ float4* partials() const { return part_; }
     // find_part's scratch (free until the first tile's S).
     __device__ __forceinline__ int* scratch() const { return reinterpret_cast<int*>(part_); }
+    // One softmax per tile (kSharedSoftmax): P's rows (kPRowBytes apart), each row's rescale
+    // factor for o, and at a segment's end each row's (sum, max).
+    __device__ __forceinline__ uint8_t* p_tile() const { return reinterpret_cast<uint8_t*>(valid_) + (kPOffset - kValidOffset); }
+    __device__ __forceinline__ float* alpha() const { return reinterpret_cast<float*>(valid_) + (kAlphaOffset - kValidOffset) / 4; }
+    __device__ __forceinline__ float2* stats() const { return reinterpret_cast<float2*>(valid_) + (kStatsOffset - kValidOffset) / 8; }
     // The valid flags of stage s's kBlockN rows.
     __device__ __forceinline__ int32_t* valid(int stage) const { return valid_ + stage * C::kBlockN; }
 };
