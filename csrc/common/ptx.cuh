@@ -79,6 +79,17 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
+// The same with the zero fill as a predicate (ignore-src): one predicated copy, no byte-count
+// arithmetic.
+__device__ __forceinline__ void cp_async_16_or_zero(uint32_t dst, const void* src, bool zero) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %2, 0;\n"
+        "cp.async.cg.shared.global [%0], [%1], 16, p;\n"
+        "}\n" ::"r"(dst),
+        "l"(src), "r"(static_cast<int>(zero)));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

@@ -47,15 +47,21 @@ struct TileConfig {
     // One softmax per tile (16-bit rows; decode/kernel.cuh, softmax_rows): each warp owns
     // kBlockM / kWarps query rows of the tile's S, turns them into P in shared memory and every
     // warp reads P back as A fragments, instead of every warp redoing the whole tile's softmax.
-    // Used by the 32-row configuration (many heads), where it measured 5-12 % faster (log #49);
-    // the 16- and 8-row ones measured even (4 warps) or slower (8 warps, 1-2 rows per warp:
-    // the row reductions span 16-32 lanes; and 8 warps x 16 rows are at sm_120's shared
-    // memory limit), and keep one softmax per warp (softmax_tile).
-    static constexpr bool kSharedSoftmax = kMTiles == 2;
+    // Used where a warp owns 4 query rows: the 32-row configuration (many heads; 11-17 %
+    // faster, logs #49, #50) and the 4-warp 16-row one (2-4 %). The 8-row configurations and
+    // 8 warps x 16 rows measured slower (1-2 rows per warp: a row's reductions span 16-32
+    // lanes), and the latter is at sm_120's shared-memory limit: they keep one softmax per
+    // warp (softmax_tile).
+    static constexpr bool kSharedSoftmax = kMTiles == 2 || (kWarps == 4 && !kHalfM);
     static constexpr int kSoftRows = kBlockM / kWarps;  // query rows each warp's softmax owns
+    // Whether tile x+2 is issued as soon as tile x is computed (a barrier per tile, two tiles
+    // in flight at each wait: what the streaming configurations need), or at the top of
+    // iteration x+1 (one tile in flight, one barrier fewer: the 32-row configuration, whose
+    // tiles compute long enough to hide a tile's load; 3-6 % faster there, log #50).
+    static constexpr bool kIssueAfter = kMTiles == 1;
 
     static_assert(kWarps == 4 || kWarps == 8, "warp counts the S reduction handles");
-    static_assert(!kSharedSoftmax || kSoftRows == 1 || kSoftRows == 2 || kSoftRows == 4, "softmax rows per warp");
+    static_assert(!kSharedSoftmax || kSoftRows == 4, "softmax_rows' row mapping: 4 rows per warp");
     static_assert(kMTiles == 1 || (kMTiles == 2 && kWarps == 8), "two m-tiles only with 8 warps");
     static_assert(!kHalfM || kMTiles == 1, "a half m-tile is the only m-tile");
     static_assert(kSplitN * kSplitK == kWarps, "warp split");
@@ -90,8 +96,12 @@ struct KernelConfig : Tile {
     static constexpr bool kSharedSoftmax = Tile::kSharedSoftmax && !Fmt::kFp8;
     static constexpr int kPRowBytes = Tile::kBlockN * 2 + 16;
     static constexpr int kSoftBytes = kSharedSoftmax ? Tile::kBlockM * (kPRowBytes + 4 + 8) : 0;
+    // S partials: a fragment's 32 lane slots, then (kSharedSoftmax) one slot of pad, so that
+    // the fragments of one softmax_rows load start in different bank groups (conflict-free)
+    static constexpr int kPartialPad = kSharedSoftmax ? 1 : 0;
+    static constexpr int kPartialBytes = Tile::kPartialBytes / 32 * (32 + kPartialPad);
     static constexpr int kSmemBytes =
-        Tile::kStages * kKvStageBytes + kQBytes + Tile::kPartialBytes + Tile::kValidBytes + kSoftBytes;
+        Tile::kStages * kKvStageBytes + kQBytes + kPartialBytes + Tile::kValidBytes + kSoftBytes;
 
     static_assert(kSKSteps * 16 * Tile::kSplitK == Fmt::kQkDim, "k split");
     static_assert(kODims * Tile::kWarps == Fmt::kVDim && kONTiles % 2 == 0, "PV loads two n8 tiles per ldmatrix");

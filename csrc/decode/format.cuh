@@ -95,14 +95,13 @@ struct RowF16 : RowInBlock<MLA_ROW_BYTES_16> {
     // The warp's copies of the row at `r` into staged row `row` of the stage at shared address
     // `stage`: lane l copies chunks l, l + 32 and l + 64 (< 72).
     static __device__ __forceinline__ void copy_row(uint32_t stage, int row, const DecodeArgs& a, RowAddr r, int lane) {
-        const int bytes = r >= 0 ? 16 : 0;
         const uint8_t* src = a.cache + (r >= 0 ? r : 0) + lane * 16;
         const uint32_t dst = stage + row * kSmemRowBytes;
         const int x = row & 7;
 #pragma unroll
         for (int k = 0; k < 3; ++k) {
             const int ch = lane + 32 * k;
-            if (k < 2 || ch < kChunks) cp_async_16(dst + ((ch ^ x) << 4), src + k * 512, bytes);
+            if (k < 2 || ch < kChunks) cp_async_16_or_zero(dst + ((ch ^ x) << 4), src + k * 512, r < 0);
         }
     }
 

@@ -278,7 +278,7 @@ __device__ __forceinline__ void fp8_score_partials(uint32_t kv_base, const uint3
                 v.z *= rowf[mt][1];
                 v.w *= rowf[mt][1];
             }
-            store_partial<C>(part_s, ((warp * kMT + mt) * 2 + n) * 32 + lane, v);
+            store_partial<C>(part_s, part_slot<C>((warp * kMT + mt) * 2 + n, lane), v);
         }
 }
 

@@ -256,9 +256,11 @@ struct TilePipeline {
 
     // After tile x is computed: whether tile x+2 goes into tile x's stage now, or must wait
     // for the next iteration (when tile x+1 starts a segment, next_seg, and so does x+2: its
-    // Q rows would overwrite x+1's).
+    // Q rows would overwrite x+1's; and always without C::kIssueAfter: then tile x+2 is issued
+    // by issue_next at the top of iteration x+1, after its wait's barrier, and no barrier
+    // of its own is needed).
     __device__ __forceinline__ bool can_issue_after(int x, int hi, bool next_seg) const {
-        return x + 2 < hi && !(C::kQInSmem && next_seg && after.j == 0);
+        return C::kIssueAfter && x + 2 < hi && !(C::kQInSmem && next_seg && after.j == 0);
     }
 
     // Tile x+2 into tile x's stage (kv_cur), once every warp is done with it (and with the Q
@@ -404,7 +406,7 @@ __device__ __forceinline__ void score_partials(uint32_t kv_base, const uint32_t 
                 v.z += sacc[mt][n][1][2];
                 v.w += sacc[mt][n][1][3];
             }
-            store_partial<C>(part_s, ((warp * kMT + mt) * 2 + n) * 32 + lane, v);
+            store_partial<C>(part_s, part_slot<C>((warp * kMT + mt) * 2 + n, lane), v);
         }
 }
 
@@ -556,105 +558,103 @@ __device__ __forceinline__ void pv_tile(uint32_t kv_base, const float (&s)[C::kM
 }
 
 // ---- phase: one softmax per tile (kSharedSoftmax) -------------------------------------------
-// Instead of every warp redoing the whole tile's softmax: this warp's kSoftRows query rows
-// (CTA rows warp * kSoftRows + rl, lane = rl * kLanes + cb, tile columns cb * kCols ..): their
+// Instead of every warp redoing the whole tile's softmax: this warp's kSoftRows = 4 query rows
+// (lane = 8 rl + cb: row rl of the warp's, tile columns 4 cb .. 4 cb + 3): their
 // S summed from the k-split partials (quarters in order), masked (valid flags; dense: the
 // causal limit), scaled to the log2 domain, and the online softmax against the row's running
-// max m_own (l_own: this lane's share of the running sum). Writes P (the element type) to the
+// max m_own (l_own: this lane's share of the running sum; row_qi: the row's query position, for
+// the causal limit). Writes P (the element type) to the
 // P tile, the row's rescale factor for o to alpha, and at a segment's end the row's (sum, max)
 // to stats; every warp reads them after the next barrier (pv_shared, write_segment).
+// The CTA query row whose softmax this lane computes (softmax_rows): rows g0, g0 + 1, g0 + 8,
+// g0 + 9 of an m-tile per warp (both fragment halves: with the partials' pad, softmax_rows'
+// loads spread over all banks).
+template <typename C>
+__device__ __forceinline__ int soft_row(int warp, int lane) {
+    const int rl = lane >> 3;
+    return (warp >> 2) * 16 + 2 * (warp & 3) + (rl & 1) + 8 * (rl >> 1);
+}
+
 template <typename C, bool kSparse>
 __device__ __forceinline__ void softmax_rows(const DecodeArgs& a, const float4* part_s, const int32_t* valid, int pos0,
-                                             int len, int m_tile, bool seg_end, int warp, int lane, const SmemPlan<C>& sm,
+                                             int len, int row_qi, bool seg_end, int warp, int lane, const SmemPlan<C>& sm,
                                              float& m_own, float& l_own) {
     using T = typename C::Format::Elem;
-    constexpr int kR = C::kSoftRows, kLanes = 32 / kR, kCols = C::kBlockN / kLanes;
     constexpr int kMT = C::kMTiles;
-    constexpr int kW = C::kHalfM ? 2 : 4;                       // floats per partial slot
-    constexpr int kQStride = C::kSplitN * kMT * 2 * 32 * kW;    // floats between k quarters
-    static_assert(kLanes * kR == 32 && kCols * kLanes == C::kBlockN, "a row's columns over its lanes");
-    const int rl = lane / kLanes, cb = lane % kLanes;
-    const int row = warp * kR + rl;  // the CTA's query row
+    constexpr int kQStride = part_slot<C>(C::kSplitN * kMT * 2, 0) * 4;  // floats between k quarters
+    static_assert(C::kSoftRows == 4 && !C::kHalfM, "4 rows per warp, 8 lanes per row, 4 columns per lane");
+    const int c0 = (lane & 7) * 4;
+    const int row = soft_row<C>(warp, lane);
     const int mt = row >> 4, g = row & 7, hf = (row >> 3) & 1;
-    const int c0 = cb * kCols;
+    // S: columns c0 .. c0 + 3 lie in one n8 tile (jn), pairs from fragment lanes wl, wl + 1
     const float* fp = reinterpret_cast<const float*>(part_s);
-    float v[kCols];
+    float v[4];
 #pragma unroll
-    for (int i = 0; i < kCols; i += (kCols >= 2 ? 2 : 1)) {
+    for (int i = 0; i < 4; i += 2) {
         const int c = c0 + i;
         const int jn = c >> 3, wl = g * 4 + ((c & 7) >> 1);
-        const int at = ((((jn >> 1) * kMT + mt) * 2 + (jn & 1)) * 32 + wl) * kW + hf * 2 + (kCols >= 2 ? 0 : (c & 1));
-        if constexpr (kCols >= 2) {
-            float2 acc = *reinterpret_cast<const float2*>(fp + at);
+        const int at = part_slot<C>(((jn >> 1) * kMT + mt) * 2 + (jn & 1), wl) * 4 + hf * 2;
+        float2 acc = *reinterpret_cast<const float2*>(fp + at);
 #pragma unroll
-            for (int q = 1; q < C::kSplitK; ++q) {
-                const float2 u = *reinterpret_cast<const float2*>(fp + at + q * kQStride);
-                acc.x += u.x;
-                acc.y += u.y;
-            }
-            v[i] = acc.x;
-            v[i + 1] = acc.y;
-        } else {
-            float acc = fp[at];
-#pragma unroll
-            for (int q = 1; q < C::kSplitK; ++q) acc += fp[at + q * kQStride];
-            v[i] = acc;
+        for (int q = 1; q < C::kSplitK; ++q) {
+            const float2 u = *reinterpret_cast<const float2*>(fp + at + q * kQStride);
+            acc.x += u.x;
+            acc.y += u.y;
         }
+        v[i] = acc.x;
+        v[i + 1] = acc.y;
     }
-    int ok[kCols];
-    if constexpr (kCols == 4) {
-        const int4 f = *reinterpret_cast<const int4*>(valid + c0);
-        ok[0] = f.x, ok[1] = f.y, ok[2] = f.z, ok[3] = f.w;
-    } else if constexpr (kCols == 2) {
-        const int2 f = *reinterpret_cast<const int2*>(valid + c0);
-        ok[0] = f.x, ok[1] = f.y;
-    } else {
-        ok[0] = valid[c0];
-    }
-    // causal limit of this query row (dense MTP), as softmax_tile
-    const int row_lim = kSparse ? 0x7fffffff : len - a.q_len + 1 + (m_tile * C::kBlockM + row) / a.num_heads;
-    float mx = -INFINITY;
+    const int4 ok = *reinterpret_cast<const int4*>(valid + c0);
+    // causal limit of this query row (dense MTP; row_qi: its query position), as softmax_tile
+    const int row_lim = kSparse ? 0x7fffffff : len - a.q_len + 1 + row_qi;
+    v[0] = (ok.x != 0 && pos0 + c0 < row_lim) ? v[0] * a.scale_log2 : -INFINITY;
+    v[1] = (ok.y != 0 && pos0 + c0 + 1 < row_lim) ? v[1] * a.scale_log2 : -INFINITY;
+    v[2] = (ok.z != 0 && pos0 + c0 + 2 < row_lim) ? v[2] * a.scale_log2 : -INFINITY;
+    v[3] = (ok.w != 0 && pos0 + c0 + 3 < row_lim) ? v[3] * a.scale_log2 : -INFINITY;
+    float mx = fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3]));
 #pragma unroll
-    for (int i = 0; i < kCols; ++i) {
-        v[i] = (ok[i] != 0 && pos0 + c0 + i < row_lim) ? v[i] * a.scale_log2 : -INFINITY;
-        mx = fmaxf(mx, v[i]);
-    }
-#pragma unroll
-    for (int d = 1; d < kLanes; d <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+    for (int d = 1; d < 8; d <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
     const float m_new = fmaxf(m_own, mx);
     const float base = (m_new == -INFINITY) ? 0.f : m_new;
     const float alpha = fast_exp2(m_own - base);  // m_own = -inf -> 0
     float sum = 0.f;
 #pragma unroll
-    for (int i = 0; i < kCols; ++i) {
+    for (int i = 0; i < 4; ++i) {
         v[i] = fast_exp2(v[i] - base);
         sum += v[i];
     }
     l_own = l_own * alpha + sum;
     m_own = m_new;
-    uint8_t* prow = sm.p_tile() + row * C::kPRowBytes + c0 * 2;
-    if constexpr (kCols == 4) {
-        *reinterpret_cast<uint2*>(prow) = make_uint2(Elem<T>::pack(v[0], v[1]), Elem<T>::pack(v[2], v[3]));
-    } else if constexpr (kCols == 2) {
-        *reinterpret_cast<uint32_t*>(prow) = Elem<T>::pack(v[0], v[1]);
-    } else {
-        *reinterpret_cast<uint16_t*>(prow) = static_cast<uint16_t>(Elem<T>::pack(v[0], 0.f) & 0xffffu);
-    }
-    if (cb == 0) sm.alpha()[row] = alpha;
+    *reinterpret_cast<uint2*>(sm.p_tile() + row * C::kPRowBytes + c0 * 2) =
+        make_uint2(Elem<T>::pack(v[0], v[1]), Elem<T>::pack(v[2], v[3]));
+    const bool first = (lane & 7) == 0;
+    if (first) sm.alpha()[row] = alpha;
     if (seg_end) {
         float l = l_own;
 #pragma unroll
-        for (int d = 1; d < kLanes; d <<= 1) l += __shfl_xor_sync(0xffffffffu, l, d);
-        if (cb == 0) sm.stats()[row] = make_float2(l, m_own);
+        for (int d = 1; d < 8; d <<= 1) l += __shfl_xor_sync(0xffffffffu, l, d);
+        if (first) sm.stats()[row] = make_float2(l, m_own);
     }
 }
 
 // ---- phase: P V from the shared P tile (kSharedSoftmax) ---------------------------------------
 // Rescales o by the rows' factors (when any moved), then O += P V over this warp's kODims
-// output dims with P's A fragments read from the P tile (ldmatrix) and V as pv_tile reads it.
+// output dims with P's A fragments read from the P tile (ldmatrix) and V as pv_tile reads it
+// (the first k16 step's V fragments: vf, from pv_prefetch).
+// The V fragments of P V's first k16 step (they do not depend on P): loaded before the
+// barrier that publishes P, so that their latency overlaps the wait.
+template <typename C>
+__device__ __forceinline__ void pv_prefetch(uint32_t kv_base, int vrow0, int warp, int col_half,
+                                            uint32_t (&vf)[C::kONTiles / 2][4]) {
+#pragma unroll
+    for (int pr = 0; pr < C::kONTiles / 2; ++pr)
+        C::Format::v_frag(vf[pr], kv_base, vrow0, (warp * C::kODims + pr * 16) / 8 + col_half);
+}
+
 template <typename T, typename C>
 __device__ __forceinline__ void pv_shared(uint32_t kv_base, const SmemPlan<C>& sm, int g, int lane, int vrow0, int warp,
-                                          int col_half, float (&o)[C::kMTiles][C::kONTiles][4]) {
+                                          int col_half, const uint32_t (&vf)[C::kONTiles / 2][4],
+                                          float (&o)[C::kMTiles][C::kONTiles][4]) {
     constexpr int kMT = C::kMTiles;
     const float* alpha_s = sm.alpha();
 #pragma unroll
@@ -686,7 +686,11 @@ __device__ __forceinline__ void pv_shared(uint32_t kv_base, const SmemPlan<C>& s
 #pragma unroll
         for (int pr = 0; pr < C::kONTiles / 2; ++pr) {
             uint32_t bfr[4];
-            C::Format::v_frag(bfr, kv_base, vrow, (warp * C::kODims + pr * 16) / 8 + col_half);
+            if (kk == 0) {
+                bfr[0] = vf[pr][0], bfr[1] = vf[pr][1], bfr[2] = vf[pr][2], bfr[3] = vf[pr][3];
+            } else {
+                C::Format::v_frag(bfr, kv_base, vrow, (warp * C::kODims + pr * 16) / 8 + col_half);
+            }
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt) {
                 mma16816<T>(o[mt][2 * pr], pa[mt], bfr[0], bfr[1]);
@@ -810,6 +814,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) decode_kernel(const DecodeA
     uint32_t qf[kMT][C::kSKSteps][4];
     float rowf[kMT][2];  // fp8 path, bf16 queries: 2^-a per fragment row (decode/fp8_phases.cuh)
     float m_own = -INFINITY, l_own = 0.f;  // one softmax per tile: this lane's query row (softmax_rows)
+    int row_qi = 0;                        // and its query position (dense: the causal limit)
+    if constexpr (C::kSharedSoftmax && !kSparse) row_qi = a.heads_div.div(m_tile * C::kBlockM + soft_row<C>(warp, lane));
     int seg_j0 = cc.j;  // the first tile of the current segment
 
     for (int x = lo; x < hi; ++x) {
@@ -854,10 +860,12 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) decode_kernel(const DecodeA
             if (x == lo) MLA_TRACE_AT(kTraceDecode, kTraceFirstSDone);
             const bool seg_end = (x + 1 == hi) || (cc.j + 1 == cc.ntiles());
             // ---- softmax: this warp's rows of S into P (shared memory), then P V over its dims ----
-            softmax_rows<C, kSparse>(a, part_s, valid_cur, cc.j << kTileShift, cc.len, m_tile, seg_end, warp, lane, sm,
+            softmax_rows<C, kSparse>(a, part_s, valid_cur, cc.j << kTileShift, cc.len, row_qi, seg_end, warp, lane, sm,
                                      m_own, l_own);
+            uint32_t vf[C::kONTiles / 2][4];
+            pv_prefetch<C>(kv_base, (mat & 1) * 8 + mrow, warp, mat >> 1, vf);
             __syncthreads();
-            pv_shared<T, C>(kv_base, sm, g, lane, (mat & 1) * 8 + mrow, warp, mat >> 1, o);
+            pv_shared<T, C>(kv_base, sm, g, lane, (mat & 1) * 8 + mrow, warp, mat >> 1, vf, o);
             if (x == lo) MLA_TRACE_AT(kTraceDecode, kTraceFirstPvDone);
             if (seg_end) {
                 float l_tot[kMT][2], m_tot[kMT][2];
