@@ -285,8 +285,9 @@ struct TilePipeline {
 // The kernel's loop body is a sequence of phases, each a __forceinline__ function: wait for
 // tile x (TilePipeline::wait), start a segment (start_segment), issue the next tile
 // (TilePipeline::issue_next), scores (score_partials, sum_partials, read_scores), softmax
-// (softmax_tile), P V (pv_tile), write a finished segment (write_segment), issue the tile
-// after next (TilePipeline::issue_after). The kernel prepares their lane-dependent operands
+// (softmax_tile; with kSharedSoftmax one per tile: softmax_rows), P V (pv_tile; or
+// pv_prefetch + pv_shared), write a finished segment (write_segment), issue the tile after
+// next (TilePipeline::issue_after). The kernel prepares their lane-dependent operands
 // (which row and 8-column half of a staged tile a lane addresses, its fragment row g and
 // column pair tq) once, so that the compiler sees the same expressions as when the phases
 // were written inline: arithmetic on lane ids inside a phase is simplified before inlining,
