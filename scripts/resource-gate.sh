@@ -159,9 +159,12 @@ if [[ -n ${MLA_GATE_KEEP:-} ]]; then
 fi
 
 # ---- the built library, if any: which cubins does it carry? -----------------------------
+# (not target/gpu/ nor target/no-kernels/: scripts/gpu-build.sh's device builds carry fewer
+# architectures, the kernel-less check builds none)
 tdir=${1:-${CARGO_TARGET_DIR:-target}}
-lib=$(find "$tdir" -path '*/build/mla-decode-*/out/libmla_decode_kernels.a' -printf '%T@ %p\n' 2>/dev/null |
-    sort -rn | head -n 1 | cut -d' ' -f2- || true)
+lib=$(find "$tdir" \( -path "${tdir%/}/gpu" -o -path "${tdir%/}/no-kernels" \) -prune -o \
+    -path '*/build/mla-decode-*/out/libmla_decode_kernels.a' \
+    -printf '%T@ %p\n' 2>/dev/null | sort -rn | head -n 1 | cut -d' ' -f2- || true)
 echo
 if [[ -z $lib ]]; then
     echo "resource-gate: no built libmla_decode_kernels.a under $tdir (build first to list its cubins)"
