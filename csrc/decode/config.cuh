@@ -57,7 +57,7 @@ struct TileConfig {
     // Whether tile x+2 is issued as soon as tile x is computed (a barrier per tile, two tiles
     // in flight at each wait: what the streaming configurations need), or at the top of
     // iteration x+1 (one tile in flight, one barrier fewer: the 32-row configuration, whose
-    // tiles compute long enough to hide a tile's load; 3-6 % faster there, log #50).
+    // tiles compute long enough to hide a tile's load; 3-5 % faster there, log #51).
     static constexpr bool kIssueAfter = kMTiles == 1;
 
     static_assert(kWarps == 4 || kWarps == 8, "warp counts the S reduction handles");

@@ -558,15 +558,6 @@ __device__ __forceinline__ void pv_tile(uint32_t kv_base, const float (&s)[C::kM
     }
 }
 
-// ---- phase: one softmax per tile (kSharedSoftmax) -------------------------------------------
-// Instead of every warp redoing the whole tile's softmax: this warp's kSoftRows = 4 query rows
-// (lane = 8 rl + cb: row rl of the warp's, tile columns 4 cb .. 4 cb + 3): their
-// S summed from the k-split partials (quarters in order), masked (valid flags; dense: the
-// causal limit), scaled to the log2 domain, and the online softmax against the row's running
-// max m_own (l_own: this lane's share of the running sum; row_qi: the row's query position, for
-// the causal limit). Writes P (the element type) to the
-// P tile, the row's rescale factor for o to alpha, and at a segment's end the row's (sum, max)
-// to stats; every warp reads them after the next barrier (pv_shared, write_segment).
 // The CTA query row whose softmax this lane computes (softmax_rows): rows g0, g0 + 1, g0 + 8,
 // g0 + 9 of an m-tile per warp (both fragment halves: with the partials' pad, softmax_rows'
 // loads spread over all banks).
@@ -576,6 +567,15 @@ __device__ __forceinline__ int soft_row(int warp, int lane) {
     return (warp >> 2) * 16 + 2 * (warp & 3) + (rl & 1) + 8 * (rl >> 1);
 }
 
+// ---- phase: one softmax per tile (kSharedSoftmax) -------------------------------------------
+// Instead of every warp redoing the whole tile's softmax: this warp's kSoftRows = 4 query rows
+// (lane = 8 rl + cb: row rl of the warp's, tile columns 4 cb .. 4 cb + 3): their
+// S summed from the k-split partials (quarters in order), masked (valid flags; dense: the
+// causal limit), scaled to the log2 domain, and the online softmax against the row's running
+// max m_own (l_own: this lane's share of the running sum; row_qi: the row's query position,
+// for the causal limit). Writes P (the element type) to the P tile, the row's rescale factor
+// for o to alpha, and at a segment's end the row's (sum, max) to stats; every warp reads them
+// after the next barrier (pv_shared, write_segment).
 template <typename C, bool kSparse>
 __device__ __forceinline__ void softmax_rows(const DecodeArgs& a, const float4* part_s, const int32_t* valid, int pos0,
                                              int len, int row_qi, bool seg_end, int warp, int lane, const SmemPlan<C>& sm,
