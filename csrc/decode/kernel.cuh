@@ -657,32 +657,28 @@ __device__ __forceinline__ void pv_shared(uint32_t kv_base, const SmemPlan<C>& s
                                           int col_half, const uint32_t (&vf)[C::kONTiles / 2][4],
                                           float (&o)[C::kMTiles][C::kONTiles][4]) {
     constexpr int kMT = C::kMTiles;
+    static_assert(!C::kHalfM, "full m-tiles (softmax_rows)");
     const float* alpha_s = sm.alpha();
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
-        const float a0 = alpha_s[mt * 16 + g];
-        const float a1 = C::kHalfM ? 1.f : alpha_s[mt * 16 + g + 8];
+        const float a0 = alpha_s[mt * 16 + g], a1 = alpha_s[mt * 16 + g + 8];
         if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {  // a running max moved
 #pragma unroll
             for (int n = 0; n < C::kONTiles; ++n) {
                 o[mt][n][0] *= a0;
                 o[mt][n][1] *= a0;
-                if constexpr (!C::kHalfM) {
-                    o[mt][n][2] *= a1;
-                    o[mt][n][3] *= a1;
-                }
+                o[mt][n][2] *= a1;
+                o[mt][n][3] *= a1;
             }
         }
     }
     // the lane's ldmatrix row and 8-column half of P (ldmatrix_a)
-    const int prow = C::kHalfM ? (lane & 7) : (lane & 15);
-    const int pcol = C::kHalfM ? ((lane >> 3) & 1) * 8 : (lane >> 4) * 8;
-    const uint32_t p_base = smem_u32(sm.p_tile()) + prow * C::kPRowBytes + pcol * 2;
+    const uint32_t p_base = smem_u32(sm.p_tile()) + (lane & 15) * C::kPRowBytes + (lane >> 4) * 16;
 #pragma unroll
     for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
         uint32_t pa[kMT][4];
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) ldmatrix_a<C::kHalfM>(pa[mt], p_base + mt * 16 * C::kPRowBytes + kk * 32);
+        for (int mt = 0; mt < kMT; ++mt) ldmatrix_x4(pa[mt], p_base + mt * 16 * C::kPRowBytes + kk * 32);
         const int vrow = kk * 16 + vrow0;
 #pragma unroll
         for (int pr = 0; pr < C::kONTiles / 2; ++pr) {
