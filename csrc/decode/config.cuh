@@ -56,9 +56,11 @@ struct TileConfig {
     static constexpr int kSoftRows = kBlockM / kWarps;  // query rows each warp's softmax owns
     // Whether tile x+2 is issued as soon as tile x is computed (a barrier per tile, two tiles
     // in flight at each wait: what the streaming configurations need), or at the top of
-    // iteration x+1 (one tile in flight, one barrier fewer: the 32-row configuration, whose
-    // tiles compute long enough to hide a tile's load; 3-5 % faster there, log #51).
-    static constexpr bool kIssueAfter = kMTiles == 1;
+    // iteration x+1 (one tile in flight, one barrier fewer): the 32-row configuration, whose
+    // tiles compute long enough to hide a tile's load (3-5 % faster there, log #51), and the
+    // 4-warp 16-row one, which the H200 runs for many heads (2-3 % faster there, the 16-row
+    // streaming rows even, log #54).
+    static constexpr bool kIssueAfter = kMTiles == 1 && !(kWarps == 4 && !kHalfM);
 
     static_assert(kWarps == 4 || kWarps == 8, "warp counts the S reduction handles");
     static_assert(!kSharedSoftmax || kSoftRows == 4, "softmax_rows' row mapping: 4 rows per warp");
@@ -93,7 +95,9 @@ struct KernelConfig : Tile {
     static constexpr int kQBytes = kQInSmem ? Tile::kBlockM * kQRowBytes : 0;  // 18,432 (576 wide)
     // one softmax per tile (16-bit rows): P (kBlockM rows of kBlockN values, rows padded to
     // 80 bytes: ldmatrix conflict-free), the rows' rescale factors and end-of-segment stats
-    static constexpr bool kSharedSoftmax = Tile::kSharedSoftmax && !Fmt::kFp8;
+    // (16-bit rows and per-tensor fp8, whose P carries no V scale: P in f16 for the fp8 P V;
+    // fp8_ds_mla's per-warp scale-aware softmax is already one per V-scale tile with 4 warps)
+    static constexpr bool kSharedSoftmax = Tile::kSharedSoftmax && !(Fmt::kFp8 && Fmt::kDsMla);
     static constexpr int kPRowBytes = Tile::kBlockN * 2 + 16;
     static constexpr int kSoftBytes = kSharedSoftmax ? Tile::kBlockM * (kPRowBytes + 4 + 8) : 0;
     // S partials: a fragment's 32 lane slots, then (kSharedSoftmax) one slot of pad, so that

@@ -317,35 +317,43 @@ __device__ __forceinline__ void p_frags(const float (&s)[C::kMTiles][4][4], int 
 }
 
 // ---- phase: P V ------------------------------------------------------------------------------
-// O += P'' V over this warp's kODims output dims (the chunk pairs 2c, 2c + 1 of o: the even
-// and odd dims of 16-dim chunk c), f16 MMA; vrow0 / col_half: the lane's ldmatrix row and chunk.
+// O += P'' V for k16 step kk of the tile (pa: the A fragments of P'' for every m-tile) over
+// this warp's kODims output dims (the chunk pairs 2c, 2c + 1 of o: the even and odd dims of
+// 16-dim chunk c), f16 MMA; vrow0 / col_half: the lane's ldmatrix row and chunk.
+template <typename C>
+__device__ __forceinline__ void fp8_pv_step(uint32_t kv_base, const uint32_t (&pa)[C::kMTiles][4], int kk, int vrow0,
+                                            int warp, int col_half, float (&o)[C::kMTiles][C::kONTiles][4]) {
+    using Fmt = typename C::Format;
+    constexpr int kMT = C::kMTiles;
+    const uint32_t row = kv_base + (kk * 16 + vrow0) * Fmt::kSmemRowBytes;
+#pragma unroll
+    for (int pr = 0; pr < C::kODims / 32; ++pr) {
+        // chunks c0 = 2pr, c1 = 2pr + 1 of the warp's dims: r[2j] rows 0-7, r[2j+1] rows 8-15
+        uint32_t r[4];
+        ldmatrix_x4_trans(r, row + (warp * C::kODims / 16 + 2 * pr + col_half) * 16);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            uint32_t even[2], odd[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) e4m3x4_to_f16x2x2_shifted(prmt(r[2 * j + h], 0x3120u), even[h], odd[h]);
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+                mma16816<__half>(o[mt][4 * pr + 2 * j], pa[mt], even[0], even[1]);
+                mma16816<__half>(o[mt][4 * pr + 2 * j + 1], pa[mt], odd[0], odd[1]);
+            }
+        }
+    }
+}
+
+// The tile's P V with P'' from the softmax's registers (s, accumulator layout).
 template <typename C>
 __device__ __forceinline__ void fp8_pv_tile(uint32_t kv_base, const float (&s)[C::kMTiles][4][4], int vrow0, int warp,
                                             int col_half, float (&o)[C::kMTiles][C::kONTiles][4]) {
-    using Fmt = typename C::Format;
-    constexpr int kMT = C::kMTiles;
 #pragma unroll
     for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
-        uint32_t pa[kMT][4];
+        uint32_t pa[C::kMTiles][4];
         p_frags<__half, C>(s, kk, pa);
-        const uint32_t row = kv_base + (kk * 16 + vrow0) * Fmt::kSmemRowBytes;
-#pragma unroll
-        for (int pr = 0; pr < C::kODims / 32; ++pr) {
-            // chunks c0 = 2pr, c1 = 2pr + 1 of the warp's dims: r[2j] rows 0-7, r[2j+1] rows 8-15
-            uint32_t r[4];
-            ldmatrix_x4_trans(r, row + (warp * C::kODims / 16 + 2 * pr + col_half) * 16);
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                uint32_t even[2], odd[2];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) e4m3x4_to_f16x2x2_shifted(prmt(r[2 * j + h], 0x3120u), even[h], odd[h]);
-#pragma unroll
-                for (int mt = 0; mt < kMT; ++mt) {
-                    mma16816<__half>(o[mt][4 * pr + 2 * j], pa[mt], even[0], even[1]);
-                    mma16816<__half>(o[mt][4 * pr + 2 * j + 1], pa[mt], odd[0], odd[1]);
-                }
-            }
-        }
+        fp8_pv_step<C>(kv_base, pa, kk, vrow0, warp, col_half, o);
     }
 }
 

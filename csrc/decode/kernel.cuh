@@ -580,7 +580,8 @@ template <typename C, bool kSparse>
 __device__ __forceinline__ void softmax_rows(const DecodeArgs& a, const float4* part_s, const int32_t* valid, int pos0,
                                              int len, int row_qi, bool seg_end, int warp, int lane, const SmemPlan<C>& sm,
                                              float& m_own, float& l_own) {
-    using T = typename C::Format::Elem;
+    // P's element type: the query's, or f16 for the fp8 P V (fp8_pv_step)
+    using T = std::conditional_t<C::Format::kFp8, __half, typename C::Format::Elem>;
     constexpr int kMT = C::kMTiles;
     constexpr int kQStride = part_slot<C>(C::kSplitN * kMT * 2, 0) * 4;  // floats between k quarters
     static_assert(C::kSoftRows == 4 && !C::kHalfM, "4 rows per warp, 8 lanes per row, 4 columns per lane");
@@ -652,28 +653,42 @@ __device__ __forceinline__ void pv_prefetch(uint32_t kv_base, int vrow0, int war
         C::Format::v_frag(vf[pr], kv_base, vrow0, (warp * C::kODims + pr * 16) / 8 + col_half);
 }
 
-template <typename T, typename C>
-__device__ __forceinline__ void pv_shared(uint32_t kv_base, const SmemPlan<C>& sm, int g, int lane, int vrow0, int warp,
-                                          int col_half, const uint32_t (&vf)[C::kONTiles / 2][4],
-                                          float (&o)[C::kMTiles][C::kONTiles][4]) {
+// o rescaled by its rows' factors from the shared softmax: with two m-tiles always (skipping
+// it when no running max moved, by a warp vote, measured 1-3 % slower there, log #54); with
+// one, only when a max moved (unconditional, the sm_120 build of the 4-warp kernel spills).
+template <typename C>
+__device__ __forceinline__ void rescale_shared(const SmemPlan<C>& sm, int g, float (&o)[C::kMTiles][C::kONTiles][4]) {
     constexpr int kMT = C::kMTiles;
     static_assert(!C::kHalfM, "full m-tiles (softmax_rows)");
     const float* alpha_s = sm.alpha();
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
         const float a0 = alpha_s[mt * 16 + g], a1 = alpha_s[mt * 16 + g + 8];
-        if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {  // a running max moved
+        if (kMT == 1 && !__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) continue;
 #pragma unroll
-            for (int n = 0; n < C::kONTiles; ++n) {
-                o[mt][n][0] *= a0;
-                o[mt][n][1] *= a0;
-                o[mt][n][2] *= a1;
-                o[mt][n][3] *= a1;
-            }
+        for (int n = 0; n < C::kONTiles; ++n) {
+            o[mt][n][0] *= a0;
+            o[mt][n][1] *= a0;
+            o[mt][n][2] *= a1;
+            o[mt][n][3] *= a1;
         }
     }
+}
+
+// The lane's ldmatrix address of P's A fragments (m-tile 0, k16 step 0) in the P tile.
+template <typename C>
+__device__ __forceinline__ uint32_t p_tile_addr(const SmemPlan<C>& sm, int lane) {
     // the lane's ldmatrix row and 8-column half of P (ldmatrix_a)
-    const uint32_t p_base = smem_u32(sm.p_tile()) + (lane & 15) * C::kPRowBytes + (lane >> 4) * 16;
+    return smem_u32(sm.p_tile()) + (lane & 15) * C::kPRowBytes + (lane >> 4) * 16;
+}
+
+template <typename T, typename C>
+__device__ __forceinline__ void pv_shared(uint32_t kv_base, const SmemPlan<C>& sm, int g, int lane, int vrow0, int warp,
+                                          int col_half, const uint32_t (&vf)[C::kONTiles / 2][4],
+                                          float (&o)[C::kMTiles][C::kONTiles][4]) {
+    constexpr int kMT = C::kMTiles;
+    rescale_shared<C>(sm, g, o);
+    const uint32_t p_base = p_tile_addr<C>(sm, lane);
 #pragma unroll
     for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
         uint32_t pa[kMT][4];
@@ -694,6 +709,21 @@ __device__ __forceinline__ void pv_shared(uint32_t kv_base, const SmemPlan<C>& s
                 mma16816<T>(o[mt][2 * pr + 1], pa[mt], bfr[2], bfr[3]);
             }
         }
+    }
+}
+
+// The fp8 P V from the shared P tile (per-tensor fp8: P in f16).
+template <typename C>
+__device__ __forceinline__ void fp8_pv_shared(uint32_t kv_base, const SmemPlan<C>& sm, int g, int lane, int vrow0,
+                                              int warp, int col_half, float (&o)[C::kMTiles][C::kONTiles][4]) {
+    rescale_shared<C>(sm, g, o);
+    const uint32_t p_base = p_tile_addr<C>(sm, lane);
+#pragma unroll
+    for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
+        uint32_t pa[C::kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < C::kMTiles; ++mt) ldmatrix_a<C::kHalfM>(pa[mt], p_base + mt * 16 * C::kPRowBytes + kk * 32);
+        fp8_pv_step<C>(kv_base, pa, kk, vrow0, warp, col_half, o);
     }
 }
 
@@ -859,10 +889,15 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) decode_kernel(const DecodeA
             // ---- softmax: this warp's rows of S into P (shared memory), then P V over its dims ----
             softmax_rows<C, kSparse>(a, part_s, valid_cur, cc.j << kTileShift, cc.len, row_qi, seg_end, warp, lane, sm,
                                      m_own, l_own);
-            uint32_t vf[C::kONTiles / 2][4];
-            pv_prefetch<C>(kv_base, (mat & 1) * 8 + mrow, warp, mat >> 1, vf);
-            __syncthreads();
-            pv_shared<T, C>(kv_base, sm, g, lane, (mat & 1) * 8 + mrow, warp, mat >> 1, vf, o);
+            if constexpr (Fmt::kFp8) {
+                __syncthreads();
+                fp8_pv_shared<C>(kv_base, sm, g, lane, (mat & 1) * 8 + mrow, warp, mat >> 1, o);
+            } else {
+                uint32_t vf[C::kONTiles / 2][4];
+                pv_prefetch<C>(kv_base, (mat & 1) * 8 + mrow, warp, mat >> 1, vf);
+                __syncthreads();
+                pv_shared<T, C>(kv_base, sm, g, lane, (mat & 1) * 8 + mrow, warp, mat >> 1, vf, o);
+            }
             if (x == lo) MLA_TRACE_AT(kTraceDecode, kTraceFirstPvDone);
             if (seg_end) {
                 float l_tot[kMT][2], m_tot[kMT][2];
