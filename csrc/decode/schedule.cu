@@ -89,8 +89,14 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     if (fit != MLA_STATUS_OK) return fit;
     // At most 8 query rows per request (8 heads or fewer, q_len 1): the half m-tile
     // configurations (8 rows per CTA: the per-row phases skip the MMA's unused rows 8-15).
+    // Per-tensor fp8 takes the 32-row configuration at >= 32 rows even where two 4-warp CTAs
+    // fit an SM (6-9 % faster on the H200, log #57: its one softmax per tile serves 32 rows and
+    // every converted K/V fragment two m-tiles); fp8_ds_mla's exact per-warp softmax makes the
+    // 32-row CTA slower than two 4-warp ones (10-39 %), and 16-bit rows take it only where
+    // one 4-warp CTA fits.
     const int m_rows = q_len * num_heads;
-    int block_m = m_rows <= 8 ? 8 : (m_rows >= 32 && ctas == 1 && tune.warps != 4 ? 32 : 16);
+    const bool wide = m_rows >= 32 && (ctas == 1 || fmt == MLA_KV_FP8) && tune.warps != 4;
+    int block_m = m_rows <= 8 ? 8 : (wide ? 32 : 16);
     if (tune.block_m != 0) block_m = tune.block_m;
     int warps = block_m == 32 || max_tiles <= 2LL * sm_count ? 8 : 4;
     if (tune.warps != 0) warps = tune.warps;
