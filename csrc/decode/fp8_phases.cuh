@@ -28,8 +28,9 @@
 //     dims 16c + 4tq + {0, 2} and {1, 3}: four contiguous dims per row (write_fp8_row).
 //   - The V scale goes into P: each warp's output dims lie in one scale tile t, and
 //     P''[m][n] = 2^(s[m][n] - C[m]) * scale[n][t] in f16, where C is a scale-aware running max,
-//     C[m] = max over the rows seen of s[m][n] + log2|scale[n][t]| (clamped to [-100, 100]): the
-//     largest P'' is near 1 and every P'' is rounded relative to it, as an f16 P is. The sum
+//     C[m] = max over the rows seen of s[m][n] + log2|scale[n][t]| (clamped to [-100, 100]; kept
+//     while a tile's exceeds it by at most 8, lazy_max in decode/kernel.cuh): the largest P''
+//     is in [1, 2^9) and every P'' is rounded relative to it, as an f16 P is. The sum
 //     l = sum 2^(s - C) and the rescaling by 2^(C_old - C_new) follow C, so O = o / l and
 //     lse = C + log2 l exactly as with a 16-bit cache (each warp has its own C: its own t).
 //     Per-tensor fp8: P'' = P and the scale multiplies the output.
@@ -285,8 +286,9 @@ __device__ __forceinline__ void fp8_score_partials(uint32_t kv_base, const uint3
 // ---- phase: the V scales of the softmax (fp8_ds_mla) -------------------------------------
 // The lane's 8 tile columns (rows 8 jn + 2tq + e): the scale of the warp's output tile and
 // log2 of its magnitude clamped to [-100, 100], which the scale-aware running max adds. For
-// scales in 2^-100 .. 2^100 the largest P'' of a row is in [1, 2) and the others are rounded
-// relative to it, as an f16 P is; a smaller scale (e.g. vLLM's raw scale of an all-zero tile,
+// scales in 2^-100 .. 2^100 the largest P'' of a row is in [1, 2^9) (in [1, 2) against the
+// exact running max; lazy_max lets it lag by up to 2^8) and the others are rounded relative
+// to it, as an f16 P is; a smaller scale (e.g. vLLM's raw scale of an all-zero tile,
 // 2^-126) gives its rows' P'' smaller still, down to zero in f16 (values below ~2^-91). The
 // weights 2^(s - C) stay below 2^100 per row, so l stays finite in fp32.
 template <typename C>
