@@ -328,6 +328,53 @@ fn fp8_random(name: &str, sparse: bool) {
     }
 }
 
+/// Peaked softmaxes: queries times 4 and 16, so that a row's scores spread over tens of log2
+/// units and its running max moves by more than the lazy max's slack of 8 as well as by less
+/// (decode/kernel.cuh, lazy_max: P then reaches 2^8), for a 16-bit cache and every fp8 kind,
+/// dense and sparse, f16/bf16 queries, cycling the tile configurations and occupancy modes.
+#[test]
+#[ignore = "needs a GPU"]
+fn peaked_scores_every_format() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("peaked_scores_every_format");
+    let mut i = 0;
+    for q_mag in [4.0, 16.0] {
+        for dtype in [DType::Bf16, DType::F16] {
+            for heads in [8, 16, 64, 3] {
+                let options = config_options(i, i % 3 == 0);
+                i += 1;
+                with_dtype!(dtype, T => {
+                    let lens = [rng.range(200, 1500), rng.range(1, 300)];
+                    let bs = rng.pick(&BLOCK_SIZES);
+                    let spec = DenseSpec {
+                        q_len: rng.range(1, 3),
+                        heads,
+                        block_size: bs,
+                        max_blocks_per_seq: 1500usize.div_ceil(bs) + 1,
+                        table_pad: rng.below(3),
+                        block_pad: 8 * rng.below(3),
+                        spare_blocks: 2,
+                        junk_unused: true,
+                        seq_lens: lens.iter().map(|&l| l as i32).collect(),
+                        scale: rng.softmax_scale(),
+                    };
+                    let p = DenseSetup::<T>::build(&mut rng, &spec);
+                    let label = format!("peaked x{q_mag} dense 16-bit heads {heads} (case {i})");
+                    check_problem_scaled(&label, &mut rng, &stream, &p, options, q_mag);
+                    for kind in FP8_KINDS {
+                        let p = random_dense_fp8::<T>(&mut rng, heads, kind, false, 1.0);
+                        let label = format!("peaked x{q_mag} dense {kind:?} heads {heads} (case {i})");
+                        check_problem_scaled(&label, &mut rng, &stream, &p, options, q_mag);
+                        let p = random_sparse_fp8::<T>(&mut rng, heads, kind, false, 1.0);
+                        let label = format!("peaked x{q_mag} sparse {kind:?} heads {heads} (case {i})");
+                        check_problem_scaled(&label, &mut rng, &stream, &p, options, q_mag);
+                    }
+                });
+            }
+        }
+    }
+}
+
 /// A cache written by the GPU's `append_kv` (every kind, f16 and bf16 rows), read back, then
 /// decoded dense and sparse: the reference reads the dequantized bytes the append wrote.
 #[test]
