@@ -62,6 +62,12 @@ struct TileConfig {
     // streaming rows even, log #54).
     static constexpr bool kIssueAfter = kMTiles == 1 && !(kWarps == 4 && !kHalfM);
 
+    // The online softmax's running max lags by up to 2^8 (decode/kernel.cuh, lazy_max): where
+    // tiles are many per CTA (1-1.6 % faster on the many-head rows, log #58); not in the 8-warp
+    // one-m-tile configurations, which serve small steps of one or two tiles per CTA (there
+    // 0.1-0.25 µs slower with it).
+    static constexpr bool kLazyMax = !(kWarps == 8 && kMTiles == 1);
+
     static_assert(kWarps == 4 || kWarps == 8, "warp counts the S reduction handles");
     static_assert(!kSharedSoftmax || kSoftRows == 4, "softmax_rows' row mapping: 4 rows per warp");
     static_assert(kMTiles == 1 || (kMTiles == 2 && kWarps == 8), "two m-tiles only with 8 warps");

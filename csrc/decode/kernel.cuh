@@ -468,7 +468,9 @@ __device__ __forceinline__ void read_scores(const float4* part_s, int lane, floa
 // the tile's max exceeds it by at most kMaxSlack (log2 units), else the tile's max. P then
 // lies in [0, 2^8] (fp8_ds_mla's P'': 2^9), as exact in f16/bf16 as below 1, and o needs no
 // rescale for most tiles: the max of a row rarely jumps by 8 after its first tiles (1-1.6 %
-// faster on the many-head rows, log #58). lse = m + log2(l) holds for any such m.
+// faster on the many-head rows, log #58). lse = m + log2(l) holds for any such m. Not in the
+// 8-warp one-m-tile configurations (small steps: 0.1-0.25 µs slower with it; TileConfig::
+// kLazyMax).
 constexpr float kMaxSlack = 8.f;
 __device__ __forceinline__ float lazy_max(float m_run, float mx) { return mx > m_run + kMaxSlack ? mx : m_run; }
 
@@ -511,7 +513,7 @@ __device__ __forceinline__ void softmax_tile(const DecodeArgs& a, float (&s)[C::
                     mx = fmaxf(mx, kVScaled ? v + vlg[jn][e] : v);
                 }
             mx = warp_max4(mx);
-            const float m_new = lazy_max(m_run[mt][hf], mx);
+            const float m_new = C::kLazyMax ? lazy_max(m_run[mt][hf], mx) : fmaxf(m_run[mt][hf], mx);
             const float base = (m_new == -INFINITY) ? 0.f : m_new;
             alpha[hf] = fast_exp2(m_run[mt][hf] - base);  // m_run = -inf -> 0
             float sum = 0.f;
@@ -624,7 +626,7 @@ __device__ __forceinline__ void softmax_rows(const DecodeArgs& a, const float4* 
     float mx = fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3]));
 #pragma unroll
     for (int d = 1; d < 8; d <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
-    const float m_new = lazy_max(m_own, mx);
+    const float m_new = C::kLazyMax ? lazy_max(m_own, mx) : fmaxf(m_own, mx);
     const float base = (m_new == -INFINITY) ? 0.f : m_new;
     const float alpha = fast_exp2(m_own - base);  // m_own = -inf -> 0
     float sum = 0.f;
