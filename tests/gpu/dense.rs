@@ -214,20 +214,8 @@ fn dense_one_head_and_128_heads() {
         (128, 1, DType::F16),
         (128, 8, DType::Bf16),
     ] {
-        let bs = rng.pick(&[16usize, 32, 64, 128]);
         let lens = [rng.range(300, 700), rng.range(0, 40), rng.range(1, 700)];
-        let spec = DenseSpec {
-            q_len,
-            heads,
-            block_size: bs,
-            max_blocks_per_seq: 700usize.div_ceil(bs) + 1,
-            table_pad: rng.below(3),
-            block_pad: 8 * rng.below(3),
-            spare_blocks: 2,
-            junk_unused: true,
-            seq_lens: lens.iter().map(|&l| l as i32).collect(),
-            scale: rng.softmax_scale(),
-        };
+        let spec = DenseSpec::random_layout(&mut rng, q_len, heads, &lens);
         let label = format!("dense heads {heads} q_len {q_len}");
         check_dense_in(dtype, &label, &mut rng, &stream, &spec);
     }

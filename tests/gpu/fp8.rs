@@ -345,19 +345,8 @@ fn peaked_scores_every_format() {
                 i += 1;
                 with_dtype!(dtype, T => {
                     let lens = [rng.range(200, 1500), rng.range(1, 300)];
-                    let bs = rng.pick(&BLOCK_SIZES);
-                    let spec = DenseSpec {
-                        q_len: rng.range(1, 3),
-                        heads,
-                        block_size: bs,
-                        max_blocks_per_seq: 1500usize.div_ceil(bs) + 1,
-                        table_pad: rng.below(3),
-                        block_pad: 8 * rng.below(3),
-                        spare_blocks: 2,
-                        junk_unused: true,
-                        seq_lens: lens.iter().map(|&l| l as i32).collect(),
-                        scale: rng.softmax_scale(),
-                    };
+                    let q_len = rng.range(1, 3);
+                    let spec = DenseSpec::random_layout(&mut rng, q_len, heads, &lens);
                     let p = DenseSetup::<T>::build(&mut rng, &spec);
                     let label = format!("peaked x{q_mag} dense 16-bit heads {heads} (case {i})");
                     check_problem_scaled(&label, &mut rng, &stream, &p, options, q_mag);

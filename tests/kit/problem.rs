@@ -40,6 +40,28 @@ pub struct DenseSpec {
     pub scale: f32,
 }
 
+impl DenseSpec {
+    /// `lens` with a random block size, a table one block longer than the longest request
+    /// needs, random table and block padding, two spare blocks, junk past each request's
+    /// blocks and a random scale.
+    pub fn random_layout(rng: &mut Rng, q_len: usize, heads: usize, lens: &[usize]) -> DenseSpec {
+        let bs = rng.pick(&mla_decode::BLOCK_SIZES);
+        let longest = lens.iter().copied().max().unwrap_or(0);
+        DenseSpec {
+            q_len,
+            heads,
+            block_size: bs,
+            max_blocks_per_seq: longest.div_ceil(bs) + 1,
+            table_pad: rng.below(3),
+            block_pad: 8 * rng.below(3),
+            spare_blocks: 2,
+            junk_unused: true,
+            seq_lens: lens.iter().map(|&l| l as i32).collect(),
+            scale: rng.softmax_scale(),
+        }
+    }
+}
+
 /// A dense problem on the host.
 #[derive(Clone, Debug)]
 pub struct DenseSetup<T> {
