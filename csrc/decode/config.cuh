@@ -99,10 +99,12 @@ struct KernelConfig : Tile {
     static constexpr int kKvStageBytes = Tile::kBlockN * Fmt::kSmemRowBytes;     // 36,864 (f16)
     static constexpr int kQRowBytes = Fmt::kQkDim * 2;                           // a staged query row
     static constexpr int kQBytes = kQInSmem ? Tile::kBlockM * kQRowBytes : 0;  // 18,432 (576 wide)
-    // one softmax per tile (16-bit rows): P (kBlockM rows of kBlockN values, rows padded to
-    // 80 bytes: ldmatrix conflict-free), the rows' rescale factors and end-of-segment stats
-    // (16-bit rows and per-tensor fp8, whose P carries no V scale: P in f16 for the fp8 P V;
-    // fp8_ds_mla's per-warp scale-aware softmax is already one per V-scale tile with 4 warps)
+    // one softmax per tile: P (kBlockM rows of kBlockN values, rows padded to 80 bytes:
+    // ldmatrix conflict-free), the rows' rescale factors and end-of-segment stats; for 16-bit
+    // rows and per-tensor fp8, whose P carries no V scale (P in f16 for the fp8 P V, log #55).
+    // fp8_ds_mla keeps one softmax per warp: its P'' carries each warp's V scale, and with 4
+    // warps each warp's is the only one of its scale tile (sharing E = 2^(s - m) in fp32 and
+    // scaling per warp measured 2-3 % slower, log #56, branch wip/fp8-shared-e)
     static constexpr bool kSharedSoftmax = Tile::kSharedSoftmax && !(Fmt::kFp8 && Fmt::kDsMla);
     static constexpr int kPRowBytes = Tile::kBlockN * 2 + 16;
     static constexpr int kSoftBytes = kSharedSoftmax ? Tile::kBlockM * (kPRowBytes + 4 + 8) : 0;
