@@ -158,7 +158,7 @@ typedef struct {
                                 skipped by the softmax; 32: 8 warps, Q fragments from global
                                 memory). Default: 8 with at most 8 query rows per request, 32
                                 with >= 32 when only one 4-warp CTA fits an SM (sm_120,
-                                sm120_occupancy), else 16 */
+                                sm120_occupancy) or the cache is per-tensor fp8, else 16 */
     int32_t pdl;             /* MLA_PDL_OFF, or an OR of the MLA_PDL_* bits. Default
                                 MLA_PDL_DEFAULT; no PDL before sm_90 whatever is asked */
     int32_t combine_slices;  /* 1 or 4 combine CTAs per merged row's 512 dims. Default 4 when the

@@ -369,7 +369,8 @@ __device__ __forceinline__ void start_segment(const DecodeArgs& a, const uint8_t
 // staged tile) x the CTA's query rows (qf: A fragments of every m-tile), over its k16 steps
 // kk0 .. kk0 + kSKSteps - 1 of the QK width; col_half (0 or 1) picks the lane's 8-column half
 // of each k16 step. The result, one float4 per lane and (m-tile, n8 tile), goes to this
-// warp's S partials, part_s[((warp * kMTiles + mt) * 2 + n) * 32 + lane], for sum_partials.
+// warp's S partials, slot part_slot((warp * kMTiles + mt) * 2 + n, lane), for sum_partials,
+// read_scores or softmax_rows.
 template <typename T, typename C>
 __device__ __forceinline__ void score_partials(uint32_t kv_base, const uint32_t (&qf)[C::kMTiles][C::kSKSteps][4],
                                                int krow, int kk0, int col_half, float4* part_s, int warp, int lane) {
@@ -422,13 +423,13 @@ __device__ __forceinline__ void sum_partials(float4* part_s, int warp, int lane)
 #pragma unroll
     for (int u = warp; u < kH * 2 * kMT * 2; u += C::kWarps) {
         const int h = u % kH, n = (u / kH) & 1, mt = (u / kH / 2) % kMT, nhu = (u / kH / 2) / kMT;
-        const int slot = ((nhu * kMT + mt) * 2 + n) * 32 + lane;
+        const int slot = part_slot<C>((nhu * kMT + mt) * 2 + n, lane);
         float2* p = C::kHalfM ? reinterpret_cast<float2*>(part_s) + slot : reinterpret_cast<float2*>(part_s + slot) + h;
         float2 acc = *p;
 #pragma unroll
         for (int q = 1; q < 4; ++q) {
             // warp nhu + q*kSplitN, same m-tile and n8 tile
-            const float2 u2 = *(p + q * C::kSplitN * kMT * 2 * 32 * kH);
+            const float2 u2 = *(p + q * part_slot<C>(C::kSplitN * kMT * 2, 0) * kH);
             acc.x += u2.x;
             acc.y += u2.y;
         }
@@ -448,9 +449,9 @@ __device__ __forceinline__ void read_scores(const float4* part_s, int lane, floa
 #pragma unroll
         for (int jn = 0; jn < 4; ++jn) {
             const int nhj = jn >> 1, ntl = jn & 1;
-            const float4 p0 = load_partial<C>(part_s, ((nhj * kMT + mt) * 2 + ntl) * 32 + lane);
+            const float4 p0 = load_partial<C>(part_s, part_slot<C>((nhj * kMT + mt) * 2 + ntl, lane));
             if constexpr (C::kSplitK == 2) {
-                const float4 p1 = load_partial<C>(part_s, (((nhj + C::kSplitN) * kMT + mt) * 2 + ntl) * 32 + lane);
+                const float4 p1 = load_partial<C>(part_s, part_slot<C>(((nhj + C::kSplitN) * kMT + mt) * 2 + ntl, lane));
                 s[mt][jn][0] = p0.x + p1.x;
                 s[mt][jn][1] = p0.y + p1.y;
                 s[mt][jn][2] = p0.z + p1.z;
@@ -543,28 +544,40 @@ __device__ __forceinline__ void softmax_tile(const DecodeArgs& a, float (&s)[C::
 }
 
 // ---- phase: P V ----------------------------------------------------------------------------
-// O += P V over this warp's kODims output dims: the probabilities s (packed to the element
-// type, as A fragments) times the tile's rows read transposed (ldmatrix .trans, row vrow0 of
-// each 16-row step); every V fragment serves every m-tile.
+// O += P V for k16 step kk of the tile (pa: P's A fragments for every m-tile, packed to the
+// element type) over this warp's kODims output dims, the tile's rows read transposed
+// (ldmatrix .trans, row vrow0 of the step); every V fragment serves every m-tile. vf: the
+// step's V fragments when already loaded (pv_prefetch), else nullptr.
+template <typename T, typename C>
+__device__ __forceinline__ void pv_step(uint32_t kv_base, const uint32_t (&pa)[C::kMTiles][4], int kk, int vrow0,
+                                        int warp, int col_half, const uint32_t (*vf)[4],
+                                        float (&o)[C::kMTiles][C::kONTiles][4]) {
+    const int vrow = kk * 16 + vrow0;
+#pragma unroll
+    for (int pr = 0; pr < C::kONTiles / 2; ++pr) {
+        uint32_t bfr[4];
+        if (vf != nullptr) {
+            bfr[0] = vf[pr][0], bfr[1] = vf[pr][1], bfr[2] = vf[pr][2], bfr[3] = vf[pr][3];
+        } else {
+            C::Format::v_frag(bfr, kv_base, vrow, (warp * C::kODims + pr * 16) / 8 + col_half);
+        }
+#pragma unroll
+        for (int mt = 0; mt < C::kMTiles; ++mt) {
+            mma16816<T>(o[mt][2 * pr], pa[mt], bfr[0], bfr[1]);
+            mma16816<T>(o[mt][2 * pr + 1], pa[mt], bfr[2], bfr[3]);
+        }
+    }
+}
+
+// The tile's P V with P from the softmax's registers (s, accumulator layout).
 template <typename T, typename C>
 __device__ __forceinline__ void pv_tile(uint32_t kv_base, const float (&s)[C::kMTiles][4][4], int vrow0, int warp, int col_half,
                                         float (&o)[C::kMTiles][C::kONTiles][4]) {
-    constexpr int kMT = C::kMTiles;
 #pragma unroll
     for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
-        uint32_t pa[kMT][4];
+        uint32_t pa[C::kMTiles][4];
         p_frags<T, C>(s, kk, pa);
-        const int vrow = kk * 16 + vrow0;
-#pragma unroll
-        for (int pr = 0; pr < C::kONTiles / 2; ++pr) {
-            uint32_t bfr[4];
-            C::Format::v_frag(bfr, kv_base, vrow, (warp * C::kODims + pr * 16) / 8 + col_half);
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-                mma16816<T>(o[mt][2 * pr], pa[mt], bfr[0], bfr[1]);
-                mma16816<T>(o[mt][2 * pr + 1], pa[mt], bfr[2], bfr[3]);
-            }
-        }
+        pv_step<T, C>(kv_base, pa, kk, vrow0, warp, col_half, nullptr, o);
     }
 }
 
@@ -650,9 +663,9 @@ __device__ __forceinline__ void softmax_rows(const DecodeArgs& a, const float4* 
 }
 
 // ---- phase: P V from the shared P tile (kSharedSoftmax) ---------------------------------------
-// Rescales o by the rows' factors (when any moved), then O += P V over this warp's kODims
-// output dims with P's A fragments read from the P tile (ldmatrix) and V as pv_tile reads it
-// (the first k16 step's V fragments: vf, from pv_prefetch).
+// o rescaled by the rows' factors (rescale_shared), then O += P V over this warp's kODims
+// output dims with P's A fragments read from the P tile (ldmatrix, p_frags_shared) and V as
+// pv_tile reads it (pv_shared, fp8_pv_shared).
 // The V fragments of P V's first k16 step (they do not depend on P): loaded before the
 // barrier that publishes P, so that their latency overlaps the wait.
 template <typename C>
@@ -692,33 +705,26 @@ __device__ __forceinline__ uint32_t p_tile_addr(const SmemPlan<C>& sm, int lane)
     return smem_u32(sm.p_tile()) + (lane & 15) * C::kPRowBytes + (lane >> 4) * 16;
 }
 
+// P's A fragments for k16 step kk from the shared P tile (p_base: p_tile_addr).
+template <typename C>
+__device__ __forceinline__ void p_frags_shared(uint32_t p_base, int kk, uint32_t (&pa)[C::kMTiles][4]) {
+#pragma unroll
+    for (int mt = 0; mt < C::kMTiles; ++mt) ldmatrix_x4(pa[mt], p_base + mt * 16 * C::kPRowBytes + kk * 32);
+}
+
+// The tile's P V from the shared P tile, o first rescaled (16-bit rows; vf: the first step's
+// V fragments, pv_prefetch).
 template <typename T, typename C>
 __device__ __forceinline__ void pv_shared(uint32_t kv_base, const SmemPlan<C>& sm, int g, int lane, int vrow0, int warp,
                                           int col_half, const uint32_t (&vf)[C::kONTiles / 2][4],
                                           float (&o)[C::kMTiles][C::kONTiles][4]) {
-    constexpr int kMT = C::kMTiles;
     rescale_shared<C>(sm, g, o);
     const uint32_t p_base = p_tile_addr<C>(sm, lane);
 #pragma unroll
     for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
-        uint32_t pa[kMT][4];
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) ldmatrix_x4(pa[mt], p_base + mt * 16 * C::kPRowBytes + kk * 32);
-        const int vrow = kk * 16 + vrow0;
-#pragma unroll
-        for (int pr = 0; pr < C::kONTiles / 2; ++pr) {
-            uint32_t bfr[4];
-            if (kk == 0) {
-                bfr[0] = vf[pr][0], bfr[1] = vf[pr][1], bfr[2] = vf[pr][2], bfr[3] = vf[pr][3];
-            } else {
-                C::Format::v_frag(bfr, kv_base, vrow, (warp * C::kODims + pr * 16) / 8 + col_half);
-            }
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-                mma16816<T>(o[mt][2 * pr], pa[mt], bfr[0], bfr[1]);
-                mma16816<T>(o[mt][2 * pr + 1], pa[mt], bfr[2], bfr[3]);
-            }
-        }
+        uint32_t pa[C::kMTiles][4];
+        p_frags_shared<C>(p_base, kk, pa);
+        pv_step<T, C>(kv_base, pa, kk, vrow0, warp, col_half, kk == 0 ? vf : nullptr, o);
     }
 }
 
@@ -731,8 +737,7 @@ __device__ __forceinline__ void fp8_pv_shared(uint32_t kv_base, const SmemPlan<C
 #pragma unroll
     for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
         uint32_t pa[C::kMTiles][4];
-#pragma unroll
-        for (int mt = 0; mt < C::kMTiles; ++mt) ldmatrix_a<C::kHalfM>(pa[mt], p_base + mt * 16 * C::kPRowBytes + kk * 32);
+        p_frags_shared<C>(p_base, kk, pa);
         fp8_pv_step<C>(kv_base, pa, kk, vrow0, warp, col_half, o);
     }
 }
