@@ -161,10 +161,9 @@ typedef struct {
                                 sm120_occupancy) or the cache is per-tensor fp8, else 16 */
     int32_t pdl;             /* MLA_PDL_OFF, or an OR of the MLA_PDL_* bits. Default
                                 MLA_PDL_DEFAULT; no PDL before sm_90 whatever is asked */
-    int32_t combine_slices;  /* 1 or 4 combine CTAs per merged row's 512 dims. Default 4 when the
-                                split rows give at most one combine CTA per two SMs, or when a
-                                warp merges each row, max_len >= 8,192 and 4x the CTAs fit one
-                                wave (a long request's hundreds of pieces); else 1 */
+    int32_t combine_slices;  /* 1, 4 or 16 combine CTAs per merged row's 512 dims. Default 16
+                                when 16 per split row still give at most one per SM (b=1, t=1
+                                at 8 rows), else 4 */
     int32_t min_chunk;       /* >= 1: the fewest 32-row tiles a split-KV part streams. Default 1
                                 when the step has at most SMs tiles, else 2 */
 } mla_tuning_t;
@@ -189,7 +188,7 @@ typedef struct {
     int32_t block_m;        /* query rows per decode CTA: 8, 16 or 32 */
     int32_t pdl;            /* MLA_PDL_* bits in effect (0: no PDL) */
     int32_t min_chunk;      /* fewest 32-row tiles a split-KV part streams */
-    int32_t combine_slices; /* combine CTAs per merged row's 512 dims: 1 or 4 */
+    int32_t combine_slices; /* combine CTAs per merged row's 512 dims: 1, 4 or 16 */
 } mla_schedule_internal_t;
 
 /* A schedule fixes the grid of the decode kernels for one problem shape on one

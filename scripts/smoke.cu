@@ -63,6 +63,8 @@ struct Dense {
 
 static cudaStream_t g_st;
 [[maybe_unused]] static bool g_trace = false;  // argument t (trace builds): phase breakdown of the small cases
+// Per-request lengths for the next run_dense (batch = its size, L = its longest); empty: L or random.
+static std::vector<int> g_lens;
 
 template <typename F>
 static float time_ms(F f, int iters) {
@@ -104,9 +106,9 @@ static void trace(D dec) {
     // the phase of point i is measured from point prev[k][i] (the last tile from the first).
     const char* names[2][kP] = {{"entry", "wait done", "part found", "1st tile in", "1st S done", "1st PV done",
                                  "last tile in", "end"},
-                                {"entry", "split found", "wait done", "end"}};
-    const int prev[2][kP] = {{-1, 0, 1, 2, 3, 4, 3, 6}, {-1, 0, 1, 2}};
-    const int npts[2] = {8, 4};
+                                {"entry", "split found", "wait done", "1st batch", "folds done", "end"}};
+    const int prev[2][kP] = {{-1, 0, 1, 2, 3, 4, 3, 6}, {-1, 0, 1, 2, 3, 4}};
+    const int npts[2] = {8, 6};
     const int kEnd = 7;  // decode's last point
     // [k][i][0..2] = per-run (first, median, last) µs; cyc[k][j] = per-run median cycles of phase j
     std::vector<double> pts[2][kP][3], cyc[2][kP], ev, ns_per_cyc;
@@ -213,15 +215,19 @@ static void breakdown(D dec, double bytes, double flops) {
 // Runs one dense case; returns max relative row error vs the double reference (sampled rows).
 static double run_dense(int batch, int q_len, int heads, int bs, int L, bool vary, int occ, bool timeit) {
     const int max_blocks = (L + bs - 1) / bs + 1;
-    const int num_blocks = batch * max_blocks + 3;
     std::vector<int> seq(batch);
-    for (int b = 0; b < batch; ++b) seq[b] = vary ? (int)(rng() % (L + 1)) : L;
+    for (int b = 0; b < batch; ++b) seq[b] = !g_lens.empty() ? g_lens[b] : vary ? (int)(rng() % (L + 1)) : L;
     if (vary && batch > 1) seq[0] = 0;
-    std::vector<int> table(batch * max_blocks);
+    // blocks for the rows each request has (+1), shuffled; the table's unused entries point at block 0
+    int used = 0;
+    for (int b = 0; b < batch; ++b) used += (seq[b] + bs - 1) / bs + 1;
+    const int num_blocks = used + 3;
+    std::vector<int> table(batch * max_blocks, 0);
     std::vector<int> perm(num_blocks);
     for (int i = 0; i < num_blocks; ++i) perm[i] = i;
     std::shuffle(perm.begin(), perm.end(), rng);
-    for (int i = 0; i < batch * max_blocks; ++i) table[i] = perm[i];
+    for (int b = 0, n = 0; b < batch; ++b)
+        for (int i = 0; i < (seq[b] + bs - 1) / bs + 1; ++i) table[b * max_blocks + i] = perm[n++];
     const size_t cache_elems = (size_t)num_blocks * bs * 576;
     std::vector<__nv_bfloat16> cache(cache_elems), q((size_t)batch * q_len * heads * 576);
     for (auto& x : cache) x = __float2bfloat16(frand());
@@ -483,6 +489,22 @@ int main(int argc, char** argv) {
         run_sparse(1, 8, 2048, 65536, false, 0, true);
         run_sparse(32, 8, 2048, 65536, false, 0, true);
         run_dense(64, 1, 8, 64, 4096, false, 0, true);
+        return 0;
+    }
+    if (argc > 1 && argv[1][0] == 'm') {  // trace builds: mixed-length and mid-size steps (issue #13)
+        g_trace = true;
+        auto mixed = [](int heads, int n, int a, int m, int b) {
+            g_lens.assign(n, a);
+            g_lens.insert(g_lens.end(), m, b);
+            printf("dense h=%d lens=%d*%d+%d*%d", heads, a, n, b, m);
+            run_dense(n + m, 1, heads, 64, std::max(a, b), false, 0, true);
+            g_lens.clear();
+        };
+        printf("dense b=1 l=4096");
+        run_dense(1, 1, 8, 64, 4096, false, 0, true);
+        mixed(8, 15, 512, 1, 8192);
+        mixed(8, 16, 4096, 0, 0);
+        mixed(16, 127, 1024, 1, 65536);
         return 0;
     }
     cudaDeviceProp prop;

@@ -112,7 +112,7 @@ pub struct Tuning {
     /// `ffi::MLA_PDL_TRIGGER_AT_START` and `ffi::MLA_PDL_TRIGGER_AT_LAST_TILE` (default
     /// `ffi::MLA_PDL_DEFAULT`; no effect before sm_90).
     pub pdl: Option<u32>,
-    /// Combine CTAs per merged row's 512 dims: 1 or 4.
+    /// Combine CTAs per merged row's 512 dims: 1, 4 or 16.
     pub combine_slices: Option<u32>,
     /// The fewest 32-row tiles a split-KV part streams, >= 1.
     pub min_chunk: Option<u32>,
@@ -150,8 +150,8 @@ impl Tuning {
         )?;
         bad(
             "tuning.combine_slices",
-            matches!(self.combine_slices, None | Some(1 | 4)),
-            "expected 1 or 4 slices",
+            matches!(self.combine_slices, None | Some(1 | 4 | 16)),
+            "expected 1, 4 or 16 slices",
         )?;
         bad(
             "tuning.min_chunk",

@@ -28,6 +28,8 @@ enum CombineTracePoint : int {
     kTraceCombineEntry = 0,   // kernel entry
     kTraceSplitFound,         // the CTA's split request is known
     kTraceCombineWaitDone,    // grid_dependency_wait() returned
+    kTraceFirstBatchIn,       // warp 0's first batch of pieces is loaded
+    kTraceFoldsDone,          // the folds are done (8 warps per row: staged and synchronized)
     kTraceCombineEnd,         // the merged rows are written
 };
 

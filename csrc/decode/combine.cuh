@@ -11,16 +11,32 @@
 
 namespace mla {
 
-// The combine splits the 512 output dims of a row into slices (grid z), so that the piece
-// reads of a step with few split rows (b=1, t=1: 8 rows) spread over more SMs: a lane
-// holds kF4 float4 (4 * kF4 dims) of its warp's slice of 128 * kF4 dims.
+// The combine splits the 512 output dims of a row into kSlices slices (grid z), so that the
+// piece reads of a step with few split rows (b=1, t=1: 8 rows) spread over more SMs. A slice
+// of 512 / kSlices dims is covered by kLanes lanes of a warp holding kF4 float4 each; with
+// 32-dim slices a warp reads 4 pieces per load instruction (lane group lane / 8 takes every
+// 4th of the warp's pieces) and merges its lane groups at the end. A lane keeps kBatch pieces'
+// loads in flight (one round trip per batch); the batch sets the kernel's registers, and so
+// how many combine CTAs an SM holds beside decode's (decode/split.cuh, combine_batch).
+template <int kSlices>  // 1, 4 or 16
+struct SliceShape {
+    static_assert(kSlices == 1 || kSlices == 4 || kSlices == 16, "1, 4 or 16 slices");
+    static constexpr int kDims = kLatentDim / kSlices;      // dims of a slice
+    static constexpr int kF4 = kSlices == 1 ? 4 : 1;        // float4 per lane
+    static constexpr int kLanes = kDims / (4 * kF4);        // lanes per piece row: 32 or 8
+    static constexpr int kGroups = 32 / kLanes;             // pieces per load instruction
+};
 
-// Writes merged row m of request r: lane's dims [dim0 + lane*4*kF4, +4*kF4) of acc / wsum,
-// and lse (lane 0 of the slice at dim 0).
-template <typename T, bool kSparse, int kF4>
+// Writes merged row m of request r: lane's dims [dim0 + (lane % kLanes)*4*kF4, +4*kF4) of
+// acc / wsum (lanes of group 0), and lse (lane 0 of the slice at dim 0).
+template <typename T, bool kSparse, int kSlices>
 __device__ __forceinline__ void store_merged_row(const DecodeArgs& a, int r, int m, int dim0,
-                                                 const float (&acc)[4 * kF4], float mx, float wsum) {
+                                                 const float (&acc)[4 * SliceShape<kSlices>::kF4], float mx,
+                                                 float wsum) {
+    using S = SliceShape<kSlices>;
+    constexpr int kF4 = S::kF4;
     const int lane = threadIdx.x & 31;
+    if (lane >= S::kLanes) return;
     const float inv = wsum > 0.f ? fast_rcp(wsum) : 0.f;
     int token, head;
     row_token_head<kSparse>(a, r, m, token, head);
@@ -40,35 +56,52 @@ __device__ __forceinline__ void store_merged_row(const DecodeArgs& a, int r, int
     }
 }
 
-// One warp folds pieces first, first+step, ... <= last of query row m (its slice at dim0)
-// into a running (max, weight sum, lane's 4 * kF4 dims): kBatch pieces at a time with all
-// their loads in flight (one round trip per batch), in piece order, so the result depends
-// only on the data. first_tail: the first piece of the request (piece `req_first`) is in
-// slot 2q+1.
-template <int kF4>  // 4 (a warp covers 512 dims) or 1 (128 dims)
+// A running (max, weight sum, lane's 4 * kF4 dims) over pieces.
+template <int kSlices>
 struct RowFold {
-    static constexpr int kBatch = kF4 == 4 ? 8 : 16;
     float mx = -INFINITY;
     float wsum = 0.f;
-    float acc[4 * kF4] = {};
+    float acc[4 * SliceShape<kSlices>::kF4] = {};
+
+    // Merges another fold into this one (both in the log2 domain).
+    __device__ __forceinline__ void merge(float omx, float ow, const float* oacc) {
+        const float nm = fmaxf(mx, omx);
+        if (nm == -INFINITY) return;  // both empty
+        const float s0 = fast_exp2(mx - nm), s1 = fast_exp2(omx - nm);  // an empty side: 0
+        wsum = wsum * s0 + ow * s1;
+#pragma unroll
+        for (int i = 0; i < 4 * SliceShape<kSlices>::kF4; ++i) acc[i] = acc[i] * s0 + oacc[i] * s1;
+        mx = nm;
+    }
 };
 
-template <int kF4>
+// One warp folds pieces first, first+step, ... <= last of query row m (its slice at dim0)
+// into f: kBatch pieces per lane at a time with all their loads in flight (one round trip
+// per batch), in piece order within each lane group, then the lane groups merge (xor
+// shuffles, a fixed order), so the result depends only on the data and every lane holds
+// it. first_tail: the first piece of the request (piece `req_first`) is in slot 2q+1.
+template <int kSlices, int kBatch>
 __device__ __forceinline__ void fold_pieces(const DecodeArgs& a, int req_first, int first_tail, int first, int last,
-                                            int step, int m, int dim0, RowFold<kF4>& f) {
-    constexpr int kBatch = RowFold<kF4>::kBatch;
+                                            int step, int m, int dim0, RowFold<kSlices>& f) {
+    using S = SliceShape<kSlices>;
+    constexpr int kF4 = S::kF4;
     const int lane = threadIdx.x & 31;
+    const int group = lane / S::kLanes;
+    // lane group g takes pieces first + g*step, + kGroups*step, ...
+    first += group * step;
+    step *= S::kGroups;
     // Piece q's row is in slot ws_slot(q, 0) = 2q (2q + 1 for the request's first piece when
-    // first_tail; decode/split.cuh): consecutive pieces of this warp are 2 * step * m_rows
+    // first_tail; decode/split.cuh): consecutive pieces of this lane are 2 * step * m_rows
     // rows apart, so a batch's loads are one base address plus constant multiples of that
     // stride.
     const int64_t stride = static_cast<int64_t>(ws_slot(step, 0)) * a.m_rows;
+    const int lane_dim = dim0 + (lane % S::kLanes) * 4 * kF4;
 #pragma unroll 1
     for (int q0 = first; q0 <= last; q0 += kBatch * step) {
         const int64_t row0 = static_cast<int64_t>(ws_slot(q0, q0 == req_first ? first_tail : 0)) * a.m_rows + m;
         const int64_t fix = q0 == req_first ? -static_cast<int64_t>(first_tail) * a.m_rows : 0;  // pieces after the first
         const float* lse0 = a.ws_lse + row0;
-        const float4* o0 = reinterpret_cast<const float4*>(a.ws_o + row0 * kLatentDim + dim0 + lane * 4 * kF4);
+        const float4* o0 = reinterpret_cast<const float4*>(a.ws_o + row0 * kLatentDim + lane_dim);
         float l[kBatch];
         float4 v[kBatch][kF4];
 #pragma unroll
@@ -87,6 +120,9 @@ __device__ __forceinline__ void fold_pieces(const DecodeArgs& a, int req_first, 
         float bm = f.mx;
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) bm = fmaxf(bm, l[b]);
+#ifdef MLA_TRACE
+        if (q0 == first && v[kBatch - 1][kF4 - 1].w != 12345.f) MLA_TRACE_AT(kTraceCombine, kTraceFirstBatchIn);
+#endif
         if (bm == -INFINITY) continue;  // only empty pieces so far
         const float sc = fast_exp2(f.mx - bm);  // f.mx = -inf: 0
         f.wsum *= sc;
@@ -106,27 +142,40 @@ __device__ __forceinline__ void fold_pieces(const DecodeArgs& a, int req_first, 
         }
         f.mx = bm;
     }
+    // Merge the lane groups: lanes l and l ^ d (d = kLanes, 2 kLanes, ...) hold the same dims
+    // of disjoint pieces; fmax and + are commutative, so both get the same result.
+#pragma unroll
+    for (int d = S::kLanes; d < 32; d <<= 1) {
+        const float omx = __shfl_xor_sync(0xffffffffu, f.mx, d);
+        const float ow = __shfl_xor_sync(0xffffffffu, f.wsum, d);
+        float oacc[4 * kF4];
+#pragma unroll
+        for (int i = 0; i < 4 * kF4; ++i) oacc[i] = __shfl_xor_sync(0xffffffffu, f.acc[i], d);
+        f.merge(omx, ow, oacc);
+    }
 }
 
 // Merge the pieces of split requests. CTA (k, m, z): the k-th split request (in request
 // order; found from the lengths like decode's split), query row m, dims slice z of
-// 128 * kF4. Its warps fold every kCombineWarps-th piece, then warp 0 merges the folds in
+// 512 / kSlices, kBatch pieces per lane per round trip. Its warps fold every kCombineWarps-th piece, then warp 0 merges the folds in
 // warp order: the result does not depend on timing. When the schedule expects few pieces
 // per request (combine_rows = 8), CTA (k, g, z) instead merges rows 8g..8g+7, a warp per row
 // over all pieces (8x fewer CTAs; ncu showed the kernel's cost growing with its CTA count).
-template <typename T, bool kSparse, int kF4>
+template <typename T, bool kSparse, int kSlices, int kBatch>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const DecodeArgs a) {
+    using S = SliceShape<kSlices>;
+    constexpr int kF4 = S::kF4;
     MLA_TRACE_AT(kTraceCombine, kTraceCombineEntry);
     __shared__ float red_max[kCombineWarps];
     __shared__ float red_w[kCombineWarps];
-    __shared__ float4 red_o[kCombineWarps][32 * kF4];
+    __shared__ float4 red_o[kCombineWarps][S::kLanes * kF4];
     constexpr int kScratch = split_scratch_ints<kCombineWarps * 32>();
     __shared__ int scratch[kScratch + kFoundInts];  // find_split's scratch, then its result
     int* found_s = scratch + kScratch;
     const Lens lens{a.lens, a.max_len};
     const int k = blockIdx.x;
     const int m = blockIdx.y;  // row (combine_rows == 1) or group of combine_rows rows
-    const int dim0 = blockIdx.z * 128 * kF4;
+    const int dim0 = blockIdx.z * S::kDims;
     // The k-th split request, in request order, from the lengths (as decode split them).
     // The lengths are inputs, not decode's output: this runs while decode finishes (with
     // PDL every decode CTA has passed its own wait, so whatever wrote them is complete);
@@ -142,9 +191,10 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Decod
     if (a.combine_rows > 1) {  // few pieces per request: warp w merges row m + w alone
         const int mw = m * a.combine_rows + warp;
         if (warp < a.combine_rows && mw < a.m_rows) {
-            RowFold<kF4> f;
-            fold_pieces<kF4>(a, first, first_tail, first, last, 1, mw, dim0, f);
-            store_merged_row<T, kSparse, kF4>(a, r, mw, dim0, f.acc, f.mx, f.wsum);
+            RowFold<kSlices> f;
+            fold_pieces<kSlices, kBatch>(a, first, first_tail, first, last, 1, mw, dim0, f);
+            MLA_TRACE_AT(kTraceCombine, kTraceFoldsDone);
+            store_merged_row<T, kSparse, kSlices>(a, r, mw, dim0, f.acc, f.mx, f.wsum);
         }
         MLA_TRACE_AT(kTraceCombine, kTraceCombineEnd);
         return;
@@ -152,18 +202,22 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Decod
     // Many pieces: warp w folds pieces first+w, first+w+8, ...; then warp 0 merges the
     // warps' folds in warp order.
     {
-        RowFold<kF4> f;
-        fold_pieces<kF4>(a, first, first_tail, first + warp, last, kCombineWarps, m, dim0, f);
+        RowFold<kSlices> f;
+        fold_pieces<kSlices, kBatch>(a, first, first_tail, first + warp, last, kCombineWarps, m, dim0, f);
+        if (lane < S::kLanes) {
 #pragma unroll
-        for (int i = 0; i < kF4; ++i)
-            red_o[warp][lane * kF4 + i] = make_float4(f.acc[4 * i], f.acc[4 * i + 1], f.acc[4 * i + 2], f.acc[4 * i + 3]);
+            for (int i = 0; i < kF4; ++i)
+                red_o[warp][lane * kF4 + i] =
+                    make_float4(f.acc[4 * i], f.acc[4 * i + 1], f.acc[4 * i + 2], f.acc[4 * i + 3]);
+        }
         if (lane == 0) {
             red_max[warp] = f.mx;
             red_w[warp] = f.wsum;
         }
     }
     __syncthreads();
-    if (warp != 0) return;
+    MLA_TRACE_AT(kTraceCombine, kTraceFoldsDone);
+    if (warp != 0 || lane >= S::kLanes) return;
     float mx = red_max[0];
 #pragma unroll
     for (int w = 1; w < kCombineWarps; ++w) mx = fmaxf(mx, red_max[w]);
@@ -184,7 +238,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Decod
             }
         }
     }
-    store_merged_row<T, kSparse, kF4>(a, r, m, dim0, sum, mx, wt);
+    store_merged_row<T, kSparse, kSlices>(a, r, m, dim0, sum, mx, wt);
     MLA_TRACE_AT(kTraceCombine, kTraceCombineEnd);
 }
 

@@ -40,7 +40,11 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& a, cudaStre
     const dim3 grid(s->num_m_tiles, s->num_parts);
     const int z = s->internal.combine_slices;
     const dim3 cgrid(max_splits(s->batch, s->num_parts), (a.m_rows + a.combine_rows - 1) / a.combine_rows, z);
-    auto* combine = z == 4 ? combine_kernel<T, kSparse, 1> : combine_kernel<T, kSparse, 4>;
+    // the (slices, batch) pairs decode/split.cuh's combine_batch picks
+    auto* combine = z == 16                      ? combine_kernel<T, kSparse, 16, 4>
+                    : z == 1                     ? combine_kernel<T, kSparse, 1, 8>
+                    : combine_batch(s, z) == 16 ? combine_kernel<T, kSparse, 4, 16>
+                                                 : combine_kernel<T, kSparse, 4, 4>;
     const mla_schedule_internal_t& in = s->internal;
     MLA_CUDA_TRY(with_config(in.warps, in.block_m, [&](auto c) {
         using C = decltype(c);
@@ -61,7 +65,8 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
                     s->device, dev);
     // A schedule edited by hand must still match the configuration it launches.
     const mla_schedule_internal_t& in = s->internal;
-    MLA_CHECK(in.combine_slices == 1 || in.combine_slices == 4, "s.internal.combine_slices: %d", in.combine_slices);
+    MLA_CHECK(in.combine_slices == 1 || in.combine_slices == 4 || in.combine_slices == 16,
+              "s.internal.combine_slices: %d", in.combine_slices);
     MLA_CHECK((in.warps == 4 || in.warps == 8) &&
                   (in.block_m == 8 || in.block_m == 16 || (in.block_m == 32 && in.warps == 8)),
               "s.internal: warps %d, block_m %d is not a configuration", in.warps, in.block_m);

@@ -60,8 +60,9 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
               "tuning.block_m: %d, must be 0, 8, 16 or 32 (32 with 8 warps)", tune.block_m);
     MLA_CHECK(tune.pdl == MLA_PDL_OFF || (tune.pdl >= 0 && (tune.pdl & ~MLA_PDL_ALL) == 0),
               "tuning.pdl: %d, must be MLA_PDL_OFF or an OR of MLA_PDL_* bits", tune.pdl);
-    MLA_CHECK(tune.combine_slices == 0 || tune.combine_slices == 1 || tune.combine_slices == 4,
-              "tuning.combine_slices: %d, must be 0, 1 or 4", tune.combine_slices);
+    MLA_CHECK(tune.combine_slices == 0 || tune.combine_slices == 1 || tune.combine_slices == 4 ||
+                  tune.combine_slices == 16,
+              "tuning.combine_slices: %d, must be 0, 1, 4 or 16", tune.combine_slices);
     MLA_CHECK(tune.min_chunk >= 0, "tuning.min_chunk: %d, must be >= 0", tune.min_chunk);
     // the split counts 32-row tiles of all requests (at max_len) in int32
     const int64_t all_tiles = static_cast<int64_t>(batch) * ((static_cast<int64_t>(max_len) + Cfg::kBlockN - 1) / Cfg::kBlockN);

@@ -299,22 +299,31 @@ struct Cursor {
 // (a few long sequences) keep 8 warps per row.
 inline int combine_rows(const mla_schedule_t* s) { return s->num_parts <= 16 * s->batch ? kCombineWarps : 1; }
 
-// Dim slices per merged row (the combine's grid z): 4 when the split rows give at most
-// one combine CTA per two SMs (b=1, t=1: 8 rows; b=4, t=32), so that their piece reads
-// spread over 4x the SMs. Also 4 with a warp per row (combine_rows 8) when a request of
-// max_len spans at least 256 tiles (8,192 rows) and the 4x CTAs still fit one wave (8
-// combine CTAs per SM): one warp reads all of a row's pieces, and such a request in a batch
-// of short ones is cut into hundreds of pieces (2-tile chunks), whose merge is the
-// combine's critical path (docs/PERFORMANCE.md log #43: 127 x 1,024 + 65,536 rows, h=16,
-// 96.7 -> 84.3 us). Else 1: more CTAs only add work, each searching the lengths again (log
-// #22); 4 measured +3-8 % on sparse top-2048 rows (64 tiles: a few pieces per token) and
-// +2 us on b=16 l=4096 (8 warps per row: the pieces are spread already).
-inline int combine_slices(const mla_schedule_t* s) {
+// Combine CTAs per dim slice: split requests x row groups.
+inline int64_t combine_row_ctas(const mla_schedule_t* s) {
     const int rows = combine_rows(s), m_rows = s->q_len * s->num_heads;
-    const int64_t ctas = static_cast<int64_t>(max_splits(s->batch, s->num_parts)) * ((m_rows + rows - 1) / rows);
-    if (2 * ctas <= s->sm_count) return 4;
-    const bool long_rows = Lens::tiles_of(s->max_len) >= 256;
-    return rows == kCombineWarps && long_rows && 4 * ctas <= 8LL * s->sm_count ? 4 : 1;
+    return static_cast<int64_t>(max_splits(s->batch, s->num_parts)) * ((m_rows + rows - 1) / rows);
+}
+
+// Dim slices per merged row (the combine's grid z; docs/PERFORMANCE.md log #61): 16 (32 dims
+// per CTA) when 16x the row CTAs still give at most one per SM (b=1, t=1 at 8 rows: 128 CTAs
+// fold ~128 pieces each in one round trip, one beside each decode CTA), else 4. With the
+// combine at 48 registers, 4 slices are faster than one CTA per row wherever they were measured
+// (the 512-dim CTA needs 177 registers, so an SM held one and no decode CTA beside it): a
+// long request among short ones gets 4x the CTAs for its hundreds of pieces (512 x 15 + 8,192:
+// 19.3 -> 15.8 us) and the others' CTAs start beside decode's tail. Slices 1 stays for tuning.
+inline int combine_slices(const mla_schedule_t* s) { return 16 * combine_row_ctas(s) <= s->sm_count ? 16 : 4; }
+
+// Pieces per lane per round trip (the combine's kBatch) for `slices`: 4 (48 registers), except
+// with 4 slices when every decode CTA streams at most two tiles (8 warps: they all end together,
+// so the fold is the critical path) and a split request has more than 32 pieces (b=2, b=1 at
+// 16 rows: 4 round trips of 4 cost 2.4 us more than one of 16, at 111 registers). Slices 1
+// (tuning only): 8.
+inline int combine_batch(const mla_schedule_t* s, int slices) {
+    if (slices != 4) return slices == 16 ? 4 : 8;
+    const int splits = max_splits(s->batch, s->num_parts);
+    const int pieces = (s->num_parts + splits - 1) / splits;  // per split request, equal lengths
+    return s->internal.warps == 8 && pieces > 32 ? 16 : 4;
 }
 
 // The kernels' divisors, on the host (DecodeArgs::parts_div, heads_div, closed_*).
