@@ -269,13 +269,24 @@ fn dense_long_sequence_131077_rows() {
 fn dense_one_long_request_among_short_ones() {
     let (_ctx, stream) = gpu();
     let mut rng = rng_for("dense_one_long_request_among_short_ones");
-    for (i, (batch, heads, long)) in [(12usize, 8usize, 8192usize), (9, 16, 20_000), (16, 8, 4100)]
-        .into_iter()
-        .enumerate()
+    // (batch, heads, long length, long requests): the first three split with 8 warps per
+    // merged row; the last two with a warp per row (parts <= 16 x batch), where the long
+    // requests' rows go through the combine's queue (more than 16 pieces each)
+    for (i, (batch, heads, long, n_long)) in [
+        (12usize, 8usize, 8192usize, 1usize),
+        (9, 16, 20_000, 1),
+        (16, 8, 4100, 1),
+        (40, 8, 16_384, 2),
+        (24, 16, 9000, 1),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let bs = rng.pick(&[16usize, 32, 64, 128]);
         let mut seq_lens: Vec<i32> = (0..batch).map(|_| rng.range(1, 700) as i32).collect();
-        seq_lens[rng.below(batch)] = long as i32;
+        for _ in 0..n_long {
+            seq_lens[rng.below(batch)] = long as i32;
+        }
         let spec = DenseSpec {
             q_len: 1,
             heads,
