@@ -4,7 +4,7 @@
 //   nvcc -O3 -std=c++17 -Icsrc -arch=sm_90 scripts/smoke.cu csrc/cache_ops.cu csrc/decode/*.cu -o smoke && ./smoke
 // Phase trace of the small cases (timestamps from inside the kernels):
 //   nvcc -O3 -std=c++17 -DMLA_TRACE -Icsrc -arch=sm_90 scripts/smoke.cu csrc/cache_ops.cu csrc/decode/*.cu \
-//     -o trace && ./trace t
+//     csrc/common/status.cu -o trace && ./trace t   (m: the mixed-length steps)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
