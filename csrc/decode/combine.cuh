@@ -17,7 +17,7 @@ namespace mla {
 // 32-dim slices a warp reads 4 pieces per load instruction (lane group lane / 8 takes every
 // 4th of the warp's pieces) and merges its lane groups at the end. A lane keeps kBatch pieces'
 // loads in flight (one round trip per batch); the batch sets the kernel's registers, and so
-// how many combine CTAs an SM holds beside decode's (decode/split.cuh, combine_batch).
+// how many combine CTAs an SM holds beside decode's (decode/split.cuh, combine_deep_batch).
 template <int kSlices>  // 1, 4 or 16
 struct SliceShape {
     static_assert(kSlices == 1 || kSlices == 4 || kSlices == 16, "1, 4 or 16 slices");
@@ -121,6 +121,7 @@ __device__ __forceinline__ void fold_pieces(const DecodeArgs& a, int req_first, 
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) bm = fmaxf(bm, l[b]);
 #ifdef MLA_TRACE
+        // the condition reads the batch's last load, so the point is stored once it has arrived
         if (q0 == first && v[kBatch - 1][kF4 - 1].w != 12345.f) MLA_TRACE_AT(kTraceCombine, kTraceFirstBatchIn);
 #endif
         if (bm == -INFINITY) continue;  // only empty pieces so far
@@ -157,8 +158,9 @@ __device__ __forceinline__ void fold_pieces(const DecodeArgs& a, int req_first, 
 
 // Merge the pieces of split requests. CTA (k, m, z): the k-th split request (in request
 // order; found from the lengths like decode's split), query row m, dims slice z of
-// 512 / kSlices, kBatch pieces per lane per round trip. Its warps fold every kCombineWarps-th piece, then warp 0 merges the folds in
-// warp order: the result does not depend on timing. When the schedule expects few pieces
+// 512 / kSlices, kBatch pieces per lane per round trip. Its warps fold every
+// kCombineWarps-th piece, then warp 0 merges the folds in warp order: the result does not
+// depend on timing. When the schedule expects few pieces
 // per request (combine_rows = 8), CTA (k, g, z) instead merges rows 8g..8g+7, a warp per row
 // over all pieces (8x fewer CTAs; ncu showed the kernel's cost growing with its CTA count).
 template <typename T, bool kSparse, int kSlices, int kBatch>

@@ -40,11 +40,12 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& a, cudaStre
     const dim3 grid(s->num_m_tiles, s->num_parts);
     const int z = s->internal.combine_slices;
     const dim3 cgrid(max_splits(s->batch, s->num_parts), (a.m_rows + a.combine_rows - 1) / a.combine_rows, z);
-    // the (slices, batch) pairs decode/split.cuh's combine_batch picks
-    auto* combine = z == 16                      ? combine_kernel<T, kSparse, 16, 4>
-                    : z == 1                     ? combine_kernel<T, kSparse, 1, 8>
-                    : combine_batch(s, z) == 16 ? combine_kernel<T, kSparse, 4, 16>
-                                                 : combine_kernel<T, kSparse, 4, 4>;
+    // (slices, pieces per lane per round trip): decode/split.cuh, combine_slices and
+    // combine_deep_batch
+    auto* combine = z == 16                   ? combine_kernel<T, kSparse, 16, 4>
+                    : z == 1                  ? combine_kernel<T, kSparse, 1, 8>
+                    : combine_deep_batch(s) ? combine_kernel<T, kSparse, 4, 16>
+                                              : combine_kernel<T, kSparse, 4, 4>;
     const mla_schedule_internal_t& in = s->internal;
     MLA_CUDA_TRY(with_config(in.warps, in.block_m, [&](auto c) {
         using C = decltype(c);

@@ -314,16 +314,15 @@ inline int64_t combine_row_ctas(const mla_schedule_t* s) {
 // 19.3 -> 15.8 us) and the others' CTAs start beside decode's tail. Slices 1 stays for tuning.
 inline int combine_slices(const mla_schedule_t* s) { return 16 * combine_row_ctas(s) <= s->sm_count ? 16 : 4; }
 
-// Pieces per lane per round trip (the combine's kBatch) for `slices`: 4 (48 registers), except
-// with 4 slices when every decode CTA streams at most two tiles (8 warps: they all end together,
-// so the fold is the critical path) and a split request has more than 32 pieces (b=2, b=1 at
-// 16 rows: 4 round trips of 4 cost 2.4 us more than one of 16, at 111 registers). Slices 1
-// (tuning only): 8.
-inline int combine_batch(const mla_schedule_t* s, int slices) {
-    if (slices != 4) return slices == 16 ? 4 : 8;
+// Whether the 4-slice combine keeps 16 pieces per lane in flight (111 registers) instead of 4
+// (48): when every decode CTA streams at most two tiles (8 warps: they all end together, so
+// the fold is the critical path) and a split request has more than 32 pieces (b=2, b=1 at 16
+// rows: 4 round trips of 4 cost 2.4 us more than one of 16). decode/decode.cu picks the
+// kernel: 16 slices fold 4 pieces per lane, 1 slice (tuning only) 8.
+inline bool combine_deep_batch(const mla_schedule_t* s) {
     const int splits = max_splits(s->batch, s->num_parts);
     const int pieces = (s->num_parts + splits - 1) / splits;  // per split request, equal lengths
-    return s->internal.warps == 8 && pieces > 32 ? 16 : 4;
+    return s->internal.warps == 8 && pieces > 32;
 }
 
 // The kernels' divisors, on the host (DecodeArgs::parts_div, heads_div, closed_*).
