@@ -188,7 +188,9 @@ typedef struct {
     int32_t block_m;        /* query rows per decode CTA: 8, 16 or 32 */
     int32_t pdl;            /* MLA_PDL_* bits in effect (0: no PDL) */
     int32_t min_chunk;      /* fewest 32-row tiles a split-KV part streams */
-    int32_t combine_slices; /* combine CTAs per merged row's 512 dims: 1, 4 or 16 */
+    int32_t combine_slices; /* combine CTAs per merged row's 512 dims: 1, 4 or 16; 2 where
+                               the schedule merges a row per warp and 4 would take two
+                               waves of combine CTAs */
 } mla_schedule_internal_t;
 
 /* A schedule fixes the grid of the decode kernels for one problem shape on one

@@ -18,11 +18,11 @@ namespace mla {
 // 4th of the warp's pieces) and merges its lane groups at the end. A lane keeps kBatch pieces'
 // loads in flight (one round trip per batch); the batch sets the kernel's registers, and so
 // how many combine CTAs an SM holds beside decode's (decode/split.cuh, combine_deep_batch).
-template <int kSlices>  // 1, 4 or 16
+template <int kSlices>  // 1, 2, 4 or 16
 struct SliceShape {
-    static_assert(kSlices == 1 || kSlices == 4 || kSlices == 16, "1, 4 or 16 slices");
+    static_assert(kSlices == 1 || kSlices == 2 || kSlices == 4 || kSlices == 16, "1, 2, 4 or 16 slices");
     static constexpr int kDims = kLatentDim / kSlices;      // dims of a slice
-    static constexpr int kF4 = kSlices == 1 ? 4 : 1;        // float4 per lane
+    static constexpr int kF4 = kSlices <= 2 ? 4 / kSlices : 1;  // float4 per lane
     static constexpr int kLanes = kDims / (4 * kF4);        // lanes per piece row: 32 or 8
     static constexpr int kGroups = 32 / kLanes;             // pieces per load instruction
 };
@@ -156,6 +156,71 @@ __device__ __forceinline__ void fold_pieces(const DecodeArgs& a, int req_first, 
     }
 }
 
+// Warp w merges row 8m + w (combine_rows = 8) of request r alone, over all its pieces
+// (first..last; first_tail as SplitFound's bit 0).
+template <typename T, bool kSparse, int kSlices, int kBatch>
+__device__ __forceinline__ void merge_rows_by_warp(const DecodeArgs& a, int r, int first, int first_tail, int last,
+                                                   int m, int dim0) {
+    const int mw = m * a.combine_rows + (threadIdx.x >> 5);
+    if ((threadIdx.x >> 5) < a.combine_rows && mw < a.m_rows) {
+        RowFold<kSlices> f;
+        fold_pieces<kSlices, kBatch>(a, first, first_tail, first, last, 1, mw, dim0, f);
+        MLA_TRACE_AT(kTraceCombine, kTraceFoldsDone);
+        store_merged_row<T, kSparse, kSlices>(a, r, mw, dim0, f.acc, f.mx, f.wsum);
+    }
+}
+
+// All 8 warps merge query row m's slice at dim0 (kSl slices) of request r (pieces
+// first..last): warp w folds pieces first+w, first+w+8, ..., then warp 0 merges the eight
+// folds in warp order (red_o: kCombineWarps x kRedStride float4 of shared memory) and writes
+// the row. Every thread calls it (a barrier over red_*).
+template <typename T, bool kSparse, int kSl, int kBatch, int kRedStride>
+__device__ __forceinline__ void merge_row_by_warps(const DecodeArgs& a, int r, int first, int first_tail, int last,
+                                                   int m, int dim0, float4* red_o, float* red_max, float* red_w) {
+    using S = SliceShape<kSl>;
+    constexpr int kF4 = S::kF4;
+    static_assert(kRedStride >= S::kLanes * kF4, "red_o rows too short");
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    {
+        RowFold<kSl> f;
+        fold_pieces<kSl, kBatch>(a, first, first_tail, first + warp, last, kCombineWarps, m, dim0, f);
+        if (lane < S::kLanes) {
+#pragma unroll
+            for (int i = 0; i < kF4; ++i)
+                red_o[warp * kRedStride + lane * kF4 + i] =
+                    make_float4(f.acc[4 * i], f.acc[4 * i + 1], f.acc[4 * i + 2], f.acc[4 * i + 3]);
+        }
+        if (lane == 0) {
+            red_max[warp] = f.mx;
+            red_w[warp] = f.wsum;
+        }
+    }
+    __syncthreads();
+    MLA_TRACE_AT(kTraceCombine, kTraceFoldsDone);
+    if (warp != 0 || lane >= S::kLanes) return;
+    float mx = red_max[0];
+#pragma unroll
+    for (int w = 1; w < kCombineWarps; ++w) mx = fmaxf(mx, red_max[w]);
+    float wt = 0.f;
+    float sum[4 * kF4] = {};
+    if (mx != -INFINITY) {
+#pragma unroll
+        for (int w = 0; w < kCombineWarps; ++w) {
+            const float sc = fast_exp2(red_max[w] - mx);  // an empty warp: 0
+            wt += red_w[w] * sc;
+#pragma unroll
+            for (int i = 0; i < kF4; ++i) {
+                const float4 u = red_o[w * kRedStride + lane * kF4 + i];
+                sum[4 * i + 0] += sc * u.x;
+                sum[4 * i + 1] += sc * u.y;
+                sum[4 * i + 2] += sc * u.z;
+                sum[4 * i + 3] += sc * u.w;
+            }
+        }
+    }
+    store_merged_row<T, kSparse, kSl>(a, r, m, dim0, sum, mx, wt);
+}
+
 // Merge the pieces of split requests. CTA (k, m, z): the k-th split request (in request
 // order; found from the lengths like decode's split), query row m, dims slice z of
 // 512 / kSlices, kBatch pieces per lane per round trip. Its warps fold every
@@ -202,7 +267,8 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Decod
         return;
     }
     // Many pieces: warp w folds pieces first+w, first+w+8, ...; then warp 0 merges the
-    // warps' folds in warp order.
+    // warps' folds in warp order (merge_row_by_warps' arithmetic, written out here: calling
+    // it changes this kernel's SASS, measured as it is).
     {
         RowFold<kSlices> f;
         fold_pieces<kSlices, kBatch>(a, first, first_tail, first + warp, last, kCombineWarps, m, dim0, f);
@@ -241,6 +307,57 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Decod
         }
     }
     store_merged_row<T, kSparse, kSlices>(a, r, m, dim0, sum, mx, wt);
+    MLA_TRACE_AT(kTraceCombine, kTraceCombineEnd);
+}
+
+// The combine where a warp merges each row (combine_rows = 8), with 4 or 2 slices, taking out the
+// rows of long requests (decode/split.cuh, kLongPieces: one request of hundreds of pieces
+// among many short ones would keep its few CTAs folding in series while the others are done):
+// their (row, 32-dim slice) items are dealt to every CTA of the grid in turn (item i to CTA i
+// mod the grid's size; no counter, nothing to reset between calls), each merged by all 8
+// warps of its CTA after the CTA's own request (log #63). Each row slice is still merged by
+// one CTA in a fixed order: the result does not depend on timing. 4 slices at 48 registers,
+// as the 4-slice combine_kernel: five CTAs per SM; 2 slices (where 4 would need a second wave
+// of CTAs: decode/split.cuh, combine_slices) at 64: four per SM.
+template <typename T, bool kSparse, int kSlices>
+__global__ void __launch_bounds__(kCombineWarps * 32, kSlices == 4 ? 5 : 4) combine_dealing_kernel(const DecodeArgs a) {
+    static_assert(kSlices == 2 || kSlices == 4, "2 or 4 slices");
+    constexpr int kItemSlices = 16;
+    using S = SliceShape<kSlices>;
+    using SI = SliceShape<kItemSlices>;
+    MLA_TRACE_AT(kTraceCombine, kTraceCombineEntry);
+    __shared__ float red_max[kCombineWarps];
+    __shared__ float red_w[kCombineWarps];
+    __shared__ float4 red_o[kCombineWarps * SI::kLanes * SI::kF4];
+    constexpr int kScratch = split_scratch_ints<kCombineWarps * 32>();
+    __shared__ int scratch[kScratch + kFoundInts];  // find_split's scratch, then its result
+    __shared__ LongSplit long_s[kMaxLong];
+    int* found_s = scratch + kScratch;
+    const Lens lens{a.lens, a.max_len};
+    // The k-th split request and the long ones, from the lengths, before the wait (as
+    // combine_kernel).
+    int n_long;
+    const bool found = find_split<kCombineWarps * 32, true>(a, lens, blockIdx.x, scratch, found_s, long_s, &n_long);
+    if (!found && n_long == 0) return;
+    MLA_TRACE_AT(kTraceCombine, kTraceSplitFound);
+    grid_dependency_wait();
+    MLA_TRACE_AT(kTraceCombine, kTraceCombineWaitDone);
+    if (found && (found_s[kFoundTail] & kFoundListed) == 0) {
+        merge_rows_by_warp<T, kSparse, kSlices, 4>(a, found_s[kFoundReq], found_s[kFoundFirst], found_s[kFoundTail] & 1,
+                                             found_s[kFoundLast], blockIdx.y, blockIdx.z * S::kDims);
+    }
+    // item i: row (i / 16) % m_rows, slice i % 16 of long request i / (16 m_rows)
+    const int per_req = a.m_rows * kItemSlices;
+    const int total = n_long * per_req;
+    const int ctas = gridDim.x * gridDim.y * gridDim.z;
+    for (int item = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z); item < total; item += ctas) {
+        const int li = item / per_req, rem = item - li * per_req;
+        const LongSplit L = long_s[li];
+        __syncthreads();  // red_* free again
+        merge_row_by_warps<T, kSparse, kItemSlices, 4, SI::kLanes * SI::kF4>(
+            a, L.req, L.first, L.tail, L.last, rem / kItemSlices, (rem % kItemSlices) * SI::kDims, red_o, red_max,
+            red_w);
+    }
     MLA_TRACE_AT(kTraceCombine, kTraceCombineEnd);
 }
 

@@ -41,11 +41,15 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& a, cudaStre
     const int z = s->internal.combine_slices;
     const dim3 cgrid(max_splits(s->batch, s->num_parts), (a.m_rows + a.combine_rows - 1) / a.combine_rows, z);
     // (slices, pieces per lane per round trip): decode/split.cuh, combine_slices and
-    // combine_deep_batch
-    auto* combine = z == 16                   ? combine_kernel<T, kSparse, 16, 4>
-                    : z == 1                  ? combine_kernel<T, kSparse, 1, 8>
+    // combine_deep_batch (8 warps per row only); with a warp per row the long requests' rows
+    // are dealt over the grid (combine_dealing_kernel) when there may be any (combine_deals;
+    // 2 slices are a warp per row only)
+    auto* combine = z == 16                 ? combine_kernel<T, kSparse, 16, 4>
+                    : z == 1                ? combine_kernel<T, kSparse, 1, 8>
+                    : z == 2                ? combine_dealing_kernel<T, kSparse, 2>
                     : combine_deep_batch(s) ? combine_kernel<T, kSparse, 4, 16>
-                                              : combine_kernel<T, kSparse, 4, 4>;
+                    : combine_deals(a)      ? combine_dealing_kernel<T, kSparse, 4>
+                                            : combine_kernel<T, kSparse, 4, 4>;
     const mla_schedule_internal_t& in = s->internal;
     MLA_CUDA_TRY(with_config(in.warps, in.block_m, [&](auto c) {
         using C = decltype(c);
@@ -66,7 +70,8 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
                     s->device, dev);
     // A schedule edited by hand must still match the configuration it launches.
     const mla_schedule_internal_t& in = s->internal;
-    MLA_CHECK(in.combine_slices == 1 || in.combine_slices == 4 || in.combine_slices == 16,
+    MLA_CHECK(in.combine_slices == 1 || in.combine_slices == 4 || in.combine_slices == 16 ||
+                  (in.combine_slices == 2 && combine_rows(s) > 1),
               "s.internal.combine_slices: %d", in.combine_slices);
     MLA_CHECK((in.warps == 4 || in.warps == 8) &&
                   (in.block_m == 8 || in.block_m == 16 || (in.block_m == 32 && in.warps == 8)),

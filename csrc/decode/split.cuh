@@ -206,20 +206,35 @@ enum SplitFound : int {
     kFoundReq = 0,    // the request
     kFoundFirst = 1,  // its first part
     kFoundLast = 2,   // its last part
-    kFoundTail = 3,   // 1 if it is not its first part's first request (its piece there is in slot 2q + 1)
+    kFoundTail = 3,   // bit 0: it is not its first part's first request (its piece there is in
+                      // slot 2q + 1); bit 1 (kFoundListed): it is in the long list (kLong)
     kFoundInts = 4,
 };
+constexpr int kFoundListed = 2;
 // find_split's shared scratch: two scans' warp sums.
 template <int kThreads>
 __host__ __device__ constexpr int split_scratch_ints() {
     return 2 * (kThreads / 32);
 }
 
+// A long split request (find_split with kLong): where a warp merges each row (combine_rows 8),
+// a request of more than kLongPieces pieces among many short ones (1,024 x 127 + 65,536 rows)
+// would keep its one to four CTAs folding in series while the others are done; the combine
+// instead spreads its (row, 32-dim slice) items over every CTA of its grid (decode/combine.cuh).
+// The first kMaxLong in request order are listed; more merge by themselves.
+constexpr int kLongPieces = 16;
+constexpr int kMaxLong = 16;
+struct LongSplit {
+    int req, first, last, tail;  // as SplitFound
+};
+
 // The k-th split request in request order (as decode splits them): into found[SplitFound];
-// false if there are at most k. Every thread calls it; scratch holds
-// split_scratch_ints<kThreads>() ints.
-template <int kThreads>
-__device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens, int k, int* scratch, int* found) {
+// false if there are at most k. With kLong also the long split requests, in request order,
+// into long_list (at most kMaxLong; *n_long gets how many were listed). Every thread calls it;
+// scratch holds split_scratch_ints<kThreads>() ints.
+template <int kThreads, bool kLong = false>
+__device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens, int k, int* scratch, int* found,
+                                           LongSplit* long_list = nullptr, int* n_long = nullptr) {
     constexpr int kW = kThreads / 32;
     // first and last part of request b (tiles [start, start + t)): a FastDiv when the chunk
     // is known on the host (closed form), else an unsigned division
@@ -227,22 +242,41 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
         return lens.p == nullptr ? a.closed_chunk.div(tile)
                                  : static_cast<int>(static_cast<uint32_t>(tile) / static_cast<uint32_t>(chunk));
     };
+    // count: split requests before this pass; with kLong in its low 16 bits (at most kThreads
+    // per pass), the long ones in its high bits, both from one scan
     auto check = [&](bool valid, int b, int start, int t, int chunk, int& count) {
         const int first = part_of(start, chunk), last = part_of(start + t - 1, chunk);
         const int split = valid && first != last ? 1 : 0;
-        int n;
-        const int idx = count + block_inclusive_sum<kThreads>(split, scratch + kW, &n) - split;
+        int n, idx, listed = 0;
+        if constexpr (kLong) {
+            const int is_long = split && last - first >= kLongPieces ? 1 : 0;
+            const int v = split | (is_long << 16);
+            const int before = block_inclusive_sum<kThreads>(v, scratch + kW, &n) - v;
+            idx = (count & 0xffff) + (before & 0xffff);
+            const int lidx = (count >> 16) + (before >> 16);
+            listed = is_long && lidx < kMaxLong ? kFoundListed : 0;
+            if (listed) long_list[lidx] = LongSplit{b, first, last, start != first * chunk ? 1 : 0};
+        } else {
+            idx = count + block_inclusive_sum<kThreads>(split, scratch + kW, &n) - split;
+        }
         count += n;
         const bool mine = split && idx == k;
         if (mine) {
             found[kFoundReq] = b;
             found[kFoundFirst] = first;
             found[kFoundLast] = last;
-            found[kFoundTail] = start != first * chunk ? 1 : 0;
+            found[kFoundTail] = (start != first * chunk ? 1 : 0) | listed;
         }
         return mine;
     };
     int count = 0;
+    auto done = [&](bool hit) {
+        if constexpr (kLong) {
+            const int nl = count >> 16;  // every thread's count is the same
+            *n_long = nl < kMaxLong ? nl : kMaxLong;
+        }
+        return hit;
+    };
     if (a.batch <= kThreads) {  // one request per thread: a scan for the tiles, one for the splits
         const int b = threadIdx.x;
         const bool valid = b < a.batch;
@@ -250,10 +284,18 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
         int total;
         const int incl = block_inclusive_sum<kThreads>(t, scratch, &total);
         const int chunk = lens.p == nullptr ? a.closed_chunk.d : split_chunk(total, a.parts_div, a.min_chunk);
-        return __syncthreads_or(check(valid, b, incl - t, t, chunk, count));
+        return done(__syncthreads_or(check(valid, b, incl - t, t, chunk, count)));
     }
     const int chunk = lens.p == nullptr ? a.closed_chunk.d
                                         : split_chunk(total_tiles<kThreads>(a, lens, false, scratch), a.parts_div, a.min_chunk);
+    if constexpr (kLong) {  // every request: the long ones may come after the k-th split
+        bool any = false;
+        scan_requests<kThreads>(a, lens, scratch, [&](bool valid, int b, int start, int t) {
+            any |= check(valid, b, start, t, chunk, count);
+            return false;
+        });
+        return done(__syncthreads_or(any));
+    }
     return scan_requests<kThreads>(a, lens, scratch, [&](bool valid, int b, int start, int t) {
         return check(valid, b, start, t, chunk, count);
     });
@@ -312,7 +354,15 @@ inline int64_t combine_row_ctas(const mla_schedule_t* s) {
 // (the 512-dim CTA needs 177 registers, so an SM held one and no decode CTA beside it): a
 // long request among short ones gets 4x the CTAs for its hundreds of pieces (512 x 15 + 8,192:
 // 19.3 -> 15.8 us) and the others' CTAs start beside decode's tail. Slices 1 stays for tuning.
-inline int combine_slices(const mla_schedule_t* s) { return 16 * combine_row_ctas(s) <= s->sm_count ? 16 : 4; }
+// With a warp per row, 2 slices where 4 would need a second wave of combine CTAs (five per SM
+// at 48 registers) and 2 (four per SM at 64) fit one: b=128 or t=128 at 16 heads, whose 1,024
+// CTAs of 4 slices left the last ~350 waiting for a free SM (log #63).
+inline int combine_slices(const mla_schedule_t* s) {
+    const int64_t row_ctas = combine_row_ctas(s);
+    if (16 * row_ctas <= s->sm_count) return 16;
+    if (combine_rows(s) > 1 && 4 * row_ctas > 5 * s->sm_count && 2 * row_ctas <= 4 * s->sm_count) return 2;
+    return 4;
+}
 
 // Whether the 4-slice combine keeps 16 pieces per lane in flight (111 registers) instead of 4
 // (48): when every decode CTA streams at most two tiles (8 warps: they all end together, so
@@ -323,6 +373,18 @@ inline bool combine_deep_batch(const mla_schedule_t* s) {
     const int splits = max_splits(s->batch, s->num_parts);
     const int pieces = (s->num_parts + splits - 1) / splits;  // per split request, equal lengths
     return s->internal.warps == 8 && pieces > 32;
+}
+
+// Whether a warp-per-row combine (combine_rows 8, 4 slices) deals the rows of long requests
+// over its grid (combine_dealing_kernel, decode/combine.cuh): whenever a request may have more
+// than kLongPieces pieces, i.e. always with per-request lengths (the host does not see them);
+// in the closed form (every request max_len rows, e.g. sparse without topk_len) only when a
+// request of tiles_of(max_len) tiles can span more than that many part boundaries.
+inline bool combine_deals(const DecodeArgs& a) {
+    if (a.combine_rows == 1) return false;
+    if (a.lens != nullptr) return true;
+    const int64_t t = a.closed_tiles.d, chunk = a.closed_chunk.d;
+    return (chunk + t - 2) / chunk >= kLongPieces;  // most part boundaries inside one request
 }
 
 // The kernels' divisors, on the host (DecodeArgs::parts_div, heads_div, closed_*).

@@ -260,24 +260,28 @@ fn dense_long_sequence_131077_rows() {
     check_outputs(&label, &got, &want, &heads);
 }
 
-/// One long request among short ones, in a batch small enough that the schedule expects many
-/// pieces per request (parts > 16 x batch) and enough split rows that the combine slices
-/// per request: the long request (>= 32 pieces) is merged by 4 CTAs of 128 dims, the short
-/// ones whole (combine_slice_min, log #37); both dtypes, every head and a few layouts.
+/// One long request among short ones: in batches small enough that the schedule expects many
+/// pieces per request (parts > 16 x batch: 8 warps merge each row), and in larger ones where a
+/// warp merges each row and the long requests' rows are dealt over the combine grid as
+/// (row, 32-dim slice) items (combine_dealing_kernel, log #63); both dtypes, every head and a
+/// few layouts.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn dense_one_long_request_among_short_ones() {
     let (_ctx, stream) = gpu();
     let mut rng = rng_for("dense_one_long_request_among_short_ones");
     // (batch, heads, long length, long requests): the first three split with 8 warps per
-    // merged row; the last two with a warp per row (parts <= 16 x batch), where the long
-    // requests' rows go through the combine's queue (more than 16 pieces each)
+    // merged row; the last three with a warp per row (parts <= 16 x batch), where the long
+    // requests (more than 16 pieces each) have their rows dealt over the combine grid; the
+    // last with 2 combine slices on a 132-SM H200 (260 row CTAs: 4 slices would take two
+    // waves, decode/split.cuh combine_slices)
     for (i, (batch, heads, long, n_long)) in [
         (12usize, 8usize, 8192usize, 1usize),
         (9, 16, 20_000, 1),
         (16, 8, 4100, 1),
         (40, 8, 16_384, 2),
         (24, 16, 9000, 1),
+        (130, 16, 20_000, 1),
     ]
     .into_iter()
     .enumerate()

@@ -136,6 +136,18 @@ fn sparse_topk_edges() {
     }
 }
 
+/// `tokens` index rows of `topk` distinct slots each, drawn from `slots`.
+fn distinct_rows(rng: &mut Rng, tokens: usize, topk: usize, slots: usize) -> Vec<Vec<i32>> {
+    (0..tokens)
+        .map(|_| {
+            rng.sample(slots, topk)
+                .into_iter()
+                .map(|s| s as i32)
+                .collect()
+        })
+        .collect()
+}
+
 /// 48 tokens × 2048 distinct slots drawn from a cache of >= 65,536 slots with padded blocks
 /// (ids split by the kernel into block and offset), 16 heads.
 #[test]
@@ -147,14 +159,7 @@ fn sparse_spread_over_65536_slots() {
         let cache = HostCache::<bf16>::random(&mut rng, 65_536 / bs + 7, bs, 8);
         let slots = cache.num_slots();
         let (tokens, topk) = (48, 2048);
-        let rows: Vec<Vec<i32>> = (0..tokens)
-            .map(|_| {
-                rng.sample(slots, topk)
-                    .into_iter()
-                    .map(|s| s as i32)
-                    .collect()
-            })
-            .collect();
+        let rows = distinct_rows(&mut rng, tokens, topk, slots);
         let s = SparseSetup {
             tokens,
             heads: 16,
@@ -172,6 +177,50 @@ fn sparse_spread_over_65536_slots() {
             &s,
             PlanOptions::default(),
         );
+    }
+}
+
+/// One or two tokens reading thousands of rows among many reading a few (per-row topk_len),
+/// so that a warp merges each row (parts <= 16 x tokens) and the long tokens have more than
+/// 16 pieces: their rows are merged as (row, 32-dim slice) items dealt over the combine grid
+/// (decode/combine.cuh, combine_dealing_kernel); both occupancy modes.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sparse_one_long_token_among_short_ones() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("sparse_one_long_token_among_short_ones");
+    // (tokens, heads, topk, long tokens)
+    for (i, (tokens, heads, topk, n_long)) in [
+        (40usize, 8usize, 4096usize, 1usize),
+        (64, 16, 3000, 2),
+        (33, 5, 4096, 1),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let bs = rng.pick(&[16usize, 32, 64, 128]);
+        let (blocks, pad) = (8192 / bs + rng.below(8), 8 * rng.below(2));
+        let cache = HostCache::<bf16>::random(&mut rng, blocks, bs, pad);
+        let slots = cache.num_slots();
+        let mut lens: Vec<i32> = (0..tokens).map(|_| rng.range(1, 96) as i32).collect();
+        for _ in 0..n_long {
+            lens[rng.below(tokens)] = (topk - rng.below(40)) as i32;
+        }
+        let rows = distinct_rows(&mut rng, tokens, topk, slots);
+        let stride = topk + 8 * rng.below(2);
+        let label =
+            format!("sparse one long token: tokens {tokens} heads {heads} bs {bs} lens {lens:?}");
+        let s = SparseSetup {
+            tokens,
+            heads,
+            topk,
+            indices: pack_rows(&mut rng, &rows, stride, slots),
+            stride,
+            cache,
+            topk_len: Some(lens),
+            scale: rng.softmax_scale(),
+        };
+        check_problem(&label, &mut rng, &stream, &s, plan_options(i == 1));
     }
 }
 
