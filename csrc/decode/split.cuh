@@ -277,6 +277,50 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
         }
         return hit;
     };
+    if (a.batch <= 32) {  // one warp: shuffles and ballots, then a single barrier
+        bool mine = false;
+        if (threadIdx.x < 32) {
+            const int b = threadIdx.x;
+            const bool valid = b < a.batch;
+            const int t = valid ? lens.tiles(b) : 0;
+            int incl = t;
+#pragma unroll
+            for (int d = 1; d < 32; d <<= 1) {
+                const int u = __shfl_up_sync(0xffffffffu, incl, d);
+                if (b >= d) incl += u;
+            }
+            const int total = __shfl_sync(0xffffffffu, incl, 31);
+            const int chunk = lens.p == nullptr ? a.closed_chunk.d : split_chunk(total, a.parts_div, a.min_chunk);
+            const int start = incl - t;
+            const int first = part_of(start, chunk), last = part_of(start + t - 1, chunk);
+            const bool split = valid && first != last;
+            const uint32_t before = (1u << b) - 1u;
+            const int idx = __popc(__ballot_sync(0xffffffffu, split) & before);
+            const int tail = start != first * chunk ? 1 : 0;
+            int listed = 0;
+            if constexpr (kLong) {
+                const bool is_long = split && last - first >= kLongPieces;
+                const uint32_t longs = __ballot_sync(0xffffffffu, is_long);
+                const int lidx = __popc(longs & before);
+                listed = is_long && lidx < kMaxLong ? kFoundListed : 0;
+                if (listed) long_list[lidx] = LongSplit{b, first, last, tail};
+                if (b == 0) scratch[0] = __popc(longs);
+            }
+            mine = split && idx == k;
+            if (mine) {
+                found[kFoundReq] = b;
+                found[kFoundFirst] = first;
+                found[kFoundLast] = last;
+                found[kFoundTail] = tail | listed;
+            }
+        }
+        const bool hit = __syncthreads_or(mine);
+        if constexpr (kLong) {
+            const int nl = scratch[0];
+            *n_long = nl < kMaxLong ? nl : kMaxLong;
+        }
+        return hit;
+    }
     if (a.batch <= kThreads) {  // one request per thread: a scan for the tiles, one for the splits
         const int b = threadIdx.x;
         const bool valid = b < a.batch;
