@@ -310,25 +310,28 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Decod
     MLA_TRACE_AT(kTraceCombine, kTraceCombineEnd);
 }
 
-// The combine where a warp merges each row (combine_rows = 8), with 4 or 2 slices, taking out the
-// rows of long requests (decode/split.cuh, kLongPieces: one request of hundreds of pieces
-// among many short ones would keep its few CTAs folding in series while the others are done):
-// their (row, 32-dim slice) items are dealt to every CTA of the grid in turn (item i to CTA i
-// mod the grid's size; no counter, nothing to reset between calls), each merged by all 8
-// warps of its CTA after the CTA's own request (log #63). Each row slice is still merged by
-// one CTA in a fixed order: the result does not depend on timing. 4 slices at 48 registers,
-// as the 4-slice combine_kernel: five CTAs per SM; 2 slices (where 4 would need a second wave
-// of CTAs: decode/split.cuh, combine_slices) at 64: four per SM.
-template <typename T, bool kSparse, int kSlices>
+// The combine that takes out the rows of long requests (decode/split.cuh, LongRule: one
+// request of hundreds of pieces among short ones would keep its few CTAs folding in series
+// while the others are done) and deals their (row, 32-dim slice) items to every CTA of the grid
+// in turn (item i to CTA i mod the grid's size; no counter, nothing to reset between calls),
+// each merged by all 8 warps of its CTA after the CTA's own request (log #63). kByWarps: 8
+// warps merge each row of the CTA's own request (combine_rows = 1), else a warp each
+// (combine_rows = 8). Each row slice is still merged by one CTA in a fixed order: the result
+// does not depend on timing. 4 slices at 48 registers, as the 4-slice combine_kernel: five
+// CTAs per SM; 2 slices (a warp per row where 4 would need a second wave of CTAs:
+// decode/split.cuh, combine_slices) at 64: four per SM.
+template <typename T, bool kSparse, int kSlices, bool kByWarps>
 __global__ void __launch_bounds__(kCombineWarps * 32, kSlices == 4 ? 5 : 4) combine_dealing_kernel(const DecodeArgs a) {
-    static_assert(kSlices == 2 || kSlices == 4, "2 or 4 slices");
+    static_assert(kSlices == 4 || (kSlices == 2 && !kByWarps), "4 slices, or 2 with a warp per row");
     constexpr int kItemSlices = 16;
     using S = SliceShape<kSlices>;
     using SI = SliceShape<kItemSlices>;
+    // red_o rows: a 32-dim item's, or with kByWarps a 4-slice row's
+    constexpr int kRed = kByWarps ? S::kLanes * S::kF4 : SI::kLanes * SI::kF4;
     MLA_TRACE_AT(kTraceCombine, kTraceCombineEntry);
     __shared__ float red_max[kCombineWarps];
     __shared__ float red_w[kCombineWarps];
-    __shared__ float4 red_o[kCombineWarps * SI::kLanes * SI::kF4];
+    __shared__ float4 red_o[kCombineWarps * kRed];
     constexpr int kScratch = split_scratch_ints<kCombineWarps * 32>();
     __shared__ int scratch[kScratch + kFoundInts];  // find_split's scratch, then its result
     __shared__ LongSplit long_s[kMaxLong];
@@ -337,14 +340,22 @@ __global__ void __launch_bounds__(kCombineWarps * 32, kSlices == 4 ? 5 : 4) comb
     // The k-th split request and the long ones, from the lengths, before the wait (as
     // combine_kernel).
     int n_long;
-    const bool found = find_split<kCombineWarps * 32, true>(a, lens, blockIdx.x, scratch, found_s, long_s, &n_long);
+    const bool found = find_split<kCombineWarps * 32, kByWarps ? kLongByWarps : kLongByWarp>(
+        a, lens, blockIdx.x, scratch, found_s, long_s, &n_long);
     if (!found && n_long == 0) return;
     MLA_TRACE_AT(kTraceCombine, kTraceSplitFound);
     grid_dependency_wait();
     MLA_TRACE_AT(kTraceCombine, kTraceCombineWaitDone);
     if (found && (found_s[kFoundTail] & kFoundListed) == 0) {
-        merge_rows_by_warp<T, kSparse, kSlices, 4>(a, found_s[kFoundReq], found_s[kFoundFirst], found_s[kFoundTail] & 1,
-                                             found_s[kFoundLast], blockIdx.y, blockIdx.z * S::kDims);
+        const int r = found_s[kFoundReq], first = found_s[kFoundFirst], last = found_s[kFoundLast];
+        const int first_tail = found_s[kFoundTail] & 1;
+        if constexpr (kByWarps) {
+            merge_row_by_warps<T, kSparse, kSlices, 4, kRed>(a, r, first, first_tail, last, blockIdx.y,
+                                                             blockIdx.z * S::kDims, red_o, red_max, red_w);
+        } else {
+            merge_rows_by_warp<T, kSparse, kSlices, 4>(a, r, first, first_tail, last, blockIdx.y,
+                                                       blockIdx.z * S::kDims);
+        }
     }
     // item i: row (i / 16) % m_rows, slice i % 16 of long request i / (16 m_rows)
     const int per_req = a.m_rows * kItemSlices;
@@ -354,9 +365,8 @@ __global__ void __launch_bounds__(kCombineWarps * 32, kSlices == 4 ? 5 : 4) comb
         const int li = item / per_req, rem = item - li * per_req;
         const LongSplit L = long_s[li];
         __syncthreads();  // red_* free again
-        merge_row_by_warps<T, kSparse, kItemSlices, 4, SI::kLanes * SI::kF4>(
-            a, L.req, L.first, L.tail, L.last, rem / kItemSlices, (rem % kItemSlices) * SI::kDims, red_o, red_max,
-            red_w);
+        merge_row_by_warps<T, kSparse, kItemSlices, 4, kRed>(a, L.req, L.first, L.tail, L.last, rem / kItemSlices,
+                                                             (rem % kItemSlices) * SI::kDims, red_o, red_max, red_w);
     }
     MLA_TRACE_AT(kTraceCombine, kTraceCombineEnd);
 }

@@ -41,15 +41,17 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& a, cudaStre
     const int z = s->internal.combine_slices;
     const dim3 cgrid(max_splits(s->batch, s->num_parts), (a.m_rows + a.combine_rows - 1) / a.combine_rows, z);
     // (slices, pieces per lane per round trip): decode/split.cuh, combine_slices and
-    // combine_deep_batch (8 warps per row only); with a warp per row the long requests' rows
-    // are dealt over the grid (combine_dealing_kernel) when there may be any (combine_deals;
-    // 2 slices are a warp per row only)
+    // combine_deep_batch (8 warps per row only); the long requests' rows are dealt over the
+    // grid (combine_dealing_kernel) when there may be any (combine_deals; 2 slices are a warp
+    // per row only)
+    const bool by_warps = a.combine_rows == 1;
     auto* combine = z == 16                 ? combine_kernel<T, kSparse, 16, 4>
                     : z == 1                ? combine_kernel<T, kSparse, 1, 8>
-                    : z == 2                ? combine_dealing_kernel<T, kSparse, 2>
+                    : z == 2                ? combine_dealing_kernel<T, kSparse, 2, false>
                     : combine_deep_batch(s) ? combine_kernel<T, kSparse, 4, 16>
-                    : combine_deals(a)      ? combine_dealing_kernel<T, kSparse, 4>
-                                            : combine_kernel<T, kSparse, 4, 4>;
+                    : !combine_deals(a)     ? combine_kernel<T, kSparse, 4, 4>
+                    : by_warps              ? combine_dealing_kernel<T, kSparse, 4, true>
+                                            : combine_dealing_kernel<T, kSparse, 4, false>;
     const mla_schedule_internal_t& in = s->internal;
     MLA_CUDA_TRY(with_config(in.warps, in.block_m, [&](auto c) {
         using C = decltype(c);

@@ -217,25 +217,31 @@ __host__ __device__ constexpr int split_scratch_ints() {
     return 2 * (kThreads / 32);
 }
 
-// A long split request (find_split with kLong): where a warp merges each row (combine_rows 8),
-// a request of more than kLongPieces pieces among many short ones (1,024 x 127 + 65,536 rows)
-// would keep its one to four CTAs folding in series while the others are done; the combine
-// instead spreads its (row, 32-dim slice) items over every CTA of its grid (decode/combine.cuh).
-// The first kMaxLong in request order are listed; more merge by themselves.
+// A long split request (find_split with a LongRule): one request of many pieces among short
+// ones (1,024 x 127 + 65,536 rows) would keep its few CTAs folding in series while the others
+// are done; the combine instead spreads its (row, 32-dim slice) items over every CTA of its
+// grid (decode/combine.cuh). Where a warp merges each row (combine_rows 8) a request is long
+// with more than kLongPieces pieces; where 8 warps merge each row, with at least
+// kLongPiecesByWarps pieces and more than 4x the mean over split requests. The first kMaxLong
+// in request order are listed; more merge by themselves.
+enum LongRule : int { kNoLong = 0, kLongByWarp = 1, kLongByWarps = 2 };
 constexpr int kLongPieces = 16;
+constexpr int kLongPiecesByWarps = 32;
 constexpr int kMaxLong = 16;
 struct LongSplit {
     int req, first, last, tail;  // as SplitFound
 };
 
 // The k-th split request in request order (as decode splits them): into found[SplitFound];
-// false if there are at most k. With kLong also the long split requests, in request order,
-// into long_list (at most kMaxLong; *n_long gets how many were listed). Every thread calls it;
+// false if there are at most k. With a kRule also the long split requests, in request order,
+// into long_list (at most kMaxLong; *n_long gets how many were listed; kLongByWarps only when
+// batch <= kThreads, which 8 warps per row imply: parts > 16 x batch). Every thread calls it;
 // scratch holds split_scratch_ints<kThreads>() ints.
-template <int kThreads, bool kLong = false>
+template <int kThreads, int kRule = kNoLong>
 __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens, int k, int* scratch, int* found,
                                            LongSplit* long_list = nullptr, int* n_long = nullptr) {
     constexpr int kW = kThreads / 32;
+    constexpr bool kLong = kRule != kNoLong;
     // first and last part of request b (tiles [start, start + t)): a FastDiv when the chunk
     // is known on the host (closed form), else an unsigned division
     auto part_of = [&](int tile, int chunk) {
@@ -249,7 +255,13 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
         const int split = valid && first != last ? 1 : 0;
         int n, idx, listed = 0;
         if constexpr (kLong) {
-            const int is_long = split && last - first >= kLongPieces ? 1 : 0;
+            int min_pieces = kLongPieces + 1;
+            if constexpr (kRule == kLongByWarps) {  // a single pass (batch <= kThreads)
+                const int n_split = __syncthreads_count(split);
+                min_pieces = max(kLongPiecesByWarps, 4 * a.num_parts / max(n_split, 1) + 1);
+                if (a.batch > kThreads) min_pieces = 0x7fffffff;
+            }
+            const int is_long = split && last - first + 1 >= min_pieces ? 1 : 0;
             const int v = split | (is_long << 16);
             const int before = block_inclusive_sum<kThreads>(v, scratch + kW, &n) - v;
             idx = (count & 0xffff) + (before & 0xffff);
@@ -299,7 +311,12 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
             const int tail = start != first * chunk ? 1 : 0;
             int listed = 0;
             if constexpr (kLong) {
-                const bool is_long = split && last - first >= kLongPieces;
+                int min_pieces = kLongPieces + 1;
+                if constexpr (kRule == kLongByWarps) {
+                    const int n_split = __popc(__ballot_sync(0xffffffffu, split));
+                    min_pieces = max(kLongPiecesByWarps, 4 * a.num_parts / max(n_split, 1) + 1);
+                }
+                const bool is_long = split && last - first + 1 >= min_pieces;
                 const uint32_t longs = __ballot_sync(0xffffffffu, is_long);
                 const int lidx = __popc(longs & before);
                 listed = is_long && lidx < kMaxLong ? kFoundListed : 0;
@@ -419,14 +436,14 @@ inline bool combine_deep_batch(const mla_schedule_t* s) {
     return s->internal.warps == 8 && pieces > 32;
 }
 
-// Whether a warp-per-row combine (combine_rows 8, 4 slices) deals the rows of long requests
-// over its grid (combine_dealing_kernel, decode/combine.cuh): whenever a request may have more
-// than kLongPieces pieces, i.e. always with per-request lengths (the host does not see them);
-// in the closed form (every request max_len rows, e.g. sparse without topk_len) only when a
-// request of tiles_of(max_len) tiles can span more than that many part boundaries.
+// Whether the 4-slice combine deals the rows of long requests over its grid
+// (combine_dealing_kernel, decode/combine.cuh): with per-request lengths always (the host
+// does not see them); in the closed form (every request max_len rows, e.g. sparse without
+// topk_len) no request is longer than another, so only where a warp merges each row and a
+// request of tiles_of(max_len) tiles can span more than kLongPieces part boundaries.
 inline bool combine_deals(const DecodeArgs& a) {
-    if (a.combine_rows == 1) return false;
     if (a.lens != nullptr) return true;
+    if (a.combine_rows == 1) return false;
     const int64_t t = a.closed_tiles.d, chunk = a.closed_chunk.d;
     return (chunk + t - 2) / chunk >= kLongPieces;  // most part boundaries inside one request
 }
