@@ -314,7 +314,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Decod
 // request of hundreds of pieces among short ones would keep its few CTAs folding in series
 // while the others are done) and deals their (row, 32-dim slice) items to every CTA of the grid
 // in turn (item i to CTA i mod the grid's size; no counter, nothing to reset between calls),
-// each merged by all 8 warps of its CTA after the CTA's own request (log #63). kByWarps: 8
+// each merged by all 8 warps of its CTA after the CTA's own request (logs #63, #67). kByWarps: 8
 // warps merge each row of the CTA's own request (combine_rows = 1), else a warp each
 // (combine_rows = 8). Each row slice is still merged by one CTA in a fixed order: the result
 // does not depend on timing. 4 slices at 48 registers, as the 4-slice combine_kernel: five
