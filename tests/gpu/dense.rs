@@ -37,7 +37,7 @@ fn check_dense_in(
     stream: &Arc<CudaStream>,
     spec: &DenseSpec,
 ) {
-    with_dtype!(dtype, T => check_dense::<T>(label, rng, stream, spec, PlanOptions::default()));
+    with_dtype!(dtype, T => check_dense::<T>(label, rng, stream, spec, plan_options(false)));
 }
 
 #[derive(Clone, Debug)]
@@ -250,7 +250,7 @@ fn dense_long_sequence_131077_rows() {
         &s,
         &q,
         Some(RowsKind::Padded),
-        PlanOptions::default(),
+        plan_options(false),
     );
     let mut heads: Vec<usize> = rng.sample(8, 3);
     heads.sort_unstable();
@@ -348,7 +348,7 @@ fn run_small<T: Half>(
     let kind = QKind::random(rng);
     let q = HostQuery::<T>::random(rng, kind, s.tokens(), s.heads);
     let lse_kind = Strided::random_kind(rng);
-    let got = run_once(rng, stream, s, &q, Some(lse_kind), PlanOptions::default());
+    let got = run_once(rng, stream, s, &q, Some(lse_kind), plan_options(false));
     let heads = all_heads(s.heads);
     let want = s.reference(&q, &heads);
     check_outputs(label, &got, &want, &heads);

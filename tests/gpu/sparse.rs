@@ -7,7 +7,7 @@ use std::sync::Arc;
 use mla_decode::cudarc::driver::CudaStream;
 use mla_decode::half::{bf16, f16};
 use mla_decode::reference::{fault_code, Fault};
-use mla_decode::{DType, PlanOptions};
+use mla_decode::DType;
 use proptest::prelude::{any, prop, Just, Strategy};
 use proptest::prop_oneof;
 
@@ -131,7 +131,7 @@ fn sparse_topk_edges() {
             let s = random_sparse::<T>(
                 &mut rng, tokens, heads, topk, num_blocks, bs, style, with_len,
             );
-            check_problem(&label, &mut rng, &stream, &s, PlanOptions::default());
+            check_problem(&label, &mut rng, &stream, &s, plan_options(false));
         });
     }
 }
@@ -175,7 +175,7 @@ fn sparse_spread_over_65536_slots() {
             &mut rng,
             &stream,
             &s,
-            PlanOptions::default(),
+            plan_options(false),
         );
     }
 }
@@ -244,7 +244,7 @@ fn sanitize_sparse_small_random() {
         &mut rng,
         &stream,
         &s,
-        PlanOptions::default(),
+        plan_options(false),
     );
     let s = random_sparse::<f16>(&mut rng, 7, 9, 70, 5, 32, style, false);
     check_problem(
@@ -252,7 +252,7 @@ fn sanitize_sparse_small_random() {
         &mut rng,
         &stream,
         &s,
-        PlanOptions::default(),
+        plan_options(false),
     );
 }
 
@@ -287,7 +287,7 @@ fn sanitize_sparse_bad_slot_ids() {
             &s,
             &q,
             Some(RowsKind::Padded),
-            PlanOptions::default(),
+            plan_options(false),
         );
         let all = all_heads(heads);
         let want = s.reference(&q, &all);
@@ -315,7 +315,7 @@ fn sanitize_sparse_bad_slot_ids() {
         s.indices[t * st + e] = id;
     }
     let q = HostQuery::<bf16>::random(&mut rng, QKind::SplitSeparate, tokens, heads);
-    let got = run_once(&mut rng, &stream, &s, &q, None, PlanOptions::default());
+    let got = run_once(&mut rng, &stream, &s, &q, None, plan_options(false));
     let all = all_heads(heads);
     let want = s.reference(&q, &all);
     assert_eq!(want.faults.len(), 4);
@@ -383,5 +383,5 @@ fn check_holes_and_duplicates<T: Half>(rng: &mut Rng, stream: &Arc<CudaStream>) 
         scale: rng.softmax_scale(),
     };
     let label = format!("holes/duplicates {}", T::DTYPE);
-    check_problem(&label, rng, stream, &s, PlanOptions::default());
+    check_problem(&label, rng, stream, &s, plan_options(false));
 }
