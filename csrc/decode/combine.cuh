@@ -224,18 +224,19 @@ __device__ __forceinline__ void merge_row_by_warps(const DecodeArgs& a, int r, i
 // Merge the pieces of split requests. CTA (k, m, z): the k-th split request (in request
 // order; found from the lengths like decode's split), query row m, dims slice z of
 // 512 / kSlices, kBatch pieces per lane per round trip. Its warps fold every
-// kCombineWarps-th piece, then warp 0 merges the folds in warp order: the result does not
-// depend on timing. When the schedule expects few pieces
-// per request (combine_rows = 8), CTA (k, g, z) instead merges rows 8g..8g+7, a warp per row
-// over all pieces (8x fewer CTAs; ncu showed the kernel's cost growing with its CTA count).
+// kCombineWarps-th piece, then warp 0 merges the folds in warp order (merge_row_by_warps):
+// the result does not depend on timing. When the schedule expects few pieces per request
+// (combine_rows = 8), CTA (k, g, z) instead merges rows 8g..8g+7, a warp per row over all
+// pieces (merge_rows_by_warp; 8x fewer CTAs: ncu showed the kernel's cost growing with its
+// CTA count).
 template <typename T, bool kSparse, int kSlices, int kBatch>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const DecodeArgs a) {
     using S = SliceShape<kSlices>;
-    constexpr int kF4 = S::kF4;
+    constexpr int kRed = S::kLanes * S::kF4;  // red_o per warp
     MLA_TRACE_AT(kTraceCombine, kTraceCombineEntry);
     __shared__ float red_max[kCombineWarps];
     __shared__ float red_w[kCombineWarps];
-    __shared__ float4 red_o[kCombineWarps][S::kLanes * kF4];
+    __shared__ float4 red_o[kCombineWarps * kRed];
     constexpr int kScratch = split_scratch_ints<kCombineWarps * 32>();
     __shared__ int scratch[kScratch + kFoundInts];  // find_split's scratch, then its result
     int* found_s = scratch + kScratch;
@@ -254,59 +255,12 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Decod
     MLA_TRACE_AT(kTraceCombine, kTraceCombineWaitDone);
     const int r = found_s[kFoundReq], first = found_s[kFoundFirst], last = found_s[kFoundLast];
     const int first_tail = found_s[kFoundTail];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (a.combine_rows > 1) {  // few pieces per request: warp w merges row m + w alone
-        const int mw = m * a.combine_rows + warp;
-        if (warp < a.combine_rows && mw < a.m_rows) {
-            RowFold<kSlices> f;
-            fold_pieces<kSlices, kBatch>(a, first, first_tail, first, last, 1, mw, dim0, f);
-            MLA_TRACE_AT(kTraceCombine, kTraceFoldsDone);
-            store_merged_row<T, kSparse, kSlices>(a, r, mw, dim0, f.acc, f.mx, f.wsum);
-        }
-        MLA_TRACE_AT(kTraceCombine, kTraceCombineEnd);
-        return;
+        merge_rows_by_warp<T, kSparse, kSlices, kBatch>(a, r, first, first_tail, last, m, dim0);
+    } else {  // many pieces: 8 warps per row
+        merge_row_by_warps<T, kSparse, kSlices, kBatch, kRed>(a, r, first, first_tail, last, m, dim0, red_o, red_max,
+                                                               red_w);
     }
-    // Many pieces: warp w folds pieces first+w, first+w+8, ...; then warp 0 merges the
-    // warps' folds in warp order (merge_row_by_warps' arithmetic, written out here: calling
-    // it changes this kernel's SASS, measured as it is).
-    {
-        RowFold<kSlices> f;
-        fold_pieces<kSlices, kBatch>(a, first, first_tail, first + warp, last, kCombineWarps, m, dim0, f);
-        if (lane < S::kLanes) {
-#pragma unroll
-            for (int i = 0; i < kF4; ++i)
-                red_o[warp][lane * kF4 + i] =
-                    make_float4(f.acc[4 * i], f.acc[4 * i + 1], f.acc[4 * i + 2], f.acc[4 * i + 3]);
-        }
-        if (lane == 0) {
-            red_max[warp] = f.mx;
-            red_w[warp] = f.wsum;
-        }
-    }
-    __syncthreads();
-    MLA_TRACE_AT(kTraceCombine, kTraceFoldsDone);
-    if (warp != 0 || lane >= S::kLanes) return;
-    float mx = red_max[0];
-#pragma unroll
-    for (int w = 1; w < kCombineWarps; ++w) mx = fmaxf(mx, red_max[w]);
-    float wt = 0.f;
-    float sum[4 * kF4] = {};
-    if (mx != -INFINITY) {
-#pragma unroll
-        for (int w = 0; w < kCombineWarps; ++w) {
-            const float sc = fast_exp2(red_max[w] - mx);  // an empty warp: 0
-            wt += red_w[w] * sc;
-#pragma unroll
-            for (int i = 0; i < kF4; ++i) {
-                const float4 u = red_o[w][lane * kF4 + i];
-                sum[4 * i + 0] += sc * u.x;
-                sum[4 * i + 1] += sc * u.y;
-                sum[4 * i + 2] += sc * u.z;
-                sum[4 * i + 3] += sc * u.w;
-            }
-        }
-    }
-    store_merged_row<T, kSparse, kSlices>(a, r, m, dim0, sum, mx, wt);
     MLA_TRACE_AT(kTraceCombine, kTraceCombineEnd);
 }
 

@@ -248,6 +248,17 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
         return lens.p == nullptr ? a.closed_chunk.div(tile)
                                  : static_cast<int>(static_cast<uint32_t>(tile) / static_cast<uint32_t>(chunk));
     };
+    // The fewest pieces of a long request, given how many requests are split (kLongByWarps).
+    auto long_min = [&](int n_split) {
+        return kRule == kLongByWarps ? max(kLongPiecesByWarps, 4 * a.num_parts / max(n_split, 1) + 1)
+                                     : kLongPieces + 1;
+    };
+    auto record = [&](int b, int first, int last, int tail) {
+        found[kFoundReq] = b;
+        found[kFoundFirst] = first;
+        found[kFoundLast] = last;
+        found[kFoundTail] = tail;
+    };
     // count: split requests before this pass; with kLong in its low 16 bits (at most kThreads
     // per pass), the long ones in its high bits, both from one scan
     auto check = [&](bool valid, int b, int start, int t, int chunk, int& count) {
@@ -255,10 +266,9 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
         const int split = valid && first != last ? 1 : 0;
         int n, idx, listed = 0;
         if constexpr (kLong) {
-            int min_pieces = kLongPieces + 1;
+            int min_pieces = long_min(0);
             if constexpr (kRule == kLongByWarps) {  // a single pass (batch <= kThreads)
-                const int n_split = __syncthreads_count(split);
-                min_pieces = max(kLongPiecesByWarps, 4 * a.num_parts / max(n_split, 1) + 1);
+                min_pieces = long_min(__syncthreads_count(split));
                 if (a.batch > kThreads) min_pieces = 0x7fffffff;
             }
             const int is_long = split && last - first + 1 >= min_pieces ? 1 : 0;
@@ -273,12 +283,7 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
         }
         count += n;
         const bool mine = split && idx == k;
-        if (mine) {
-            found[kFoundReq] = b;
-            found[kFoundFirst] = first;
-            found[kFoundLast] = last;
-            found[kFoundTail] = (start != first * chunk ? 1 : 0) | listed;
-        }
+        if (mine) record(b, first, last, (start != first * chunk ? 1 : 0) | listed);
         return mine;
     };
     int count = 0;
@@ -311,11 +316,8 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
             const int tail = start != first * chunk ? 1 : 0;
             int listed = 0;
             if constexpr (kLong) {
-                int min_pieces = kLongPieces + 1;
-                if constexpr (kRule == kLongByWarps) {
-                    const int n_split = __popc(__ballot_sync(0xffffffffu, split));
-                    min_pieces = max(kLongPiecesByWarps, 4 * a.num_parts / max(n_split, 1) + 1);
-                }
+                int min_pieces = long_min(0);
+                if constexpr (kRule == kLongByWarps) min_pieces = long_min(__popc(__ballot_sync(0xffffffffu, split)));
                 const bool is_long = split && last - first + 1 >= min_pieces;
                 const uint32_t longs = __ballot_sync(0xffffffffu, is_long);
                 const int lidx = __popc(longs & before);
@@ -324,12 +326,7 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
                 if (b == 0) scratch[0] = __popc(longs);
             }
             mine = split && idx == k;
-            if (mine) {
-                found[kFoundReq] = b;
-                found[kFoundFirst] = first;
-                found[kFoundLast] = last;
-                found[kFoundTail] = tail | listed;
-            }
+            if (mine) record(b, first, last, tail | listed);
         }
         const bool hit = __syncthreads_or(mine);
         if constexpr (kLong) {

@@ -198,7 +198,7 @@ fn sparse_one_long_token_among_short_ones() {
     .into_iter()
     .enumerate()
     {
-        let bs = rng.pick(&[16usize, 32, 64, 128]);
+        let bs = rng.pick(&mla_decode::BLOCK_SIZES);
         let (blocks, pad) = (8192 / bs + rng.below(8), 8 * rng.below(2));
         let cache = HostCache::<bf16>::random(&mut rng, blocks, bs, pad);
         let slots = cache.num_slots();
