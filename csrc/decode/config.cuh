@@ -90,6 +90,10 @@ struct KernelConfig : Tile {
     // sm_120 SM (100 KB) holds two. (The 8-warp configurations serve small steps, where
     // the staged Q's load with the first tile is off the critical path: log #46.)
     static constexpr bool kQInSmem = Tile::kQInSmem && !(Fmt::kFp8 && Tile::kWarps == 4);
+    // A part of at least kFirstAlone tiles issues its first tile alone and the second once the
+    // first is in (0: both at once). fp8 rows: 0.6-3 % faster on the streaming rows (the first
+    // wave of copies half as deep); 16-bit rows lost up to 2 % (log #68).
+    static constexpr int kFirstAlone = Fmt::kFp8 ? 4 : 0;
     // S = Q K^T: k16 steps of the QK width per warp
     static constexpr int kSKSteps = Fmt::kQkDim / 16 / Tile::kSplitK;
     // O += P V: warps split the kVDim output dims

@@ -201,7 +201,8 @@ struct TilePipeline {
     static __device__ __forceinline__ int stage_of(int x, int lo) { return (x - lo) & 1; }
 
     // Issues the part's first tile (and its Q rows), and the second when it continues the
-    // same request; returns whether it did (tile lo+1 is then "ahead": its copies committed).
+    // same request (unless C::kFirstAlone holds it back: then issue_next issues it once the
+    // first is in); returns whether it did (tile lo+1 is then "ahead": its copies committed).
     __device__ __forceinline__ bool start(const DecodeArgs& a, const Lens& lens, const SmemPlan<C>& sm, int m_tile,
                                           int first_req, int first_j, int lo, int hi) {
         cur = Cursor{first_req, first_j, lens.len(first_req)};
@@ -214,7 +215,8 @@ struct TilePipeline {
         if (lo + 1 < hi) {
             next.advance(lens);
             next_raw = resolve_row<C, kSparse>(a, next);
-            if (next.j != 0) {  // same segment: no Q to load
+            // same segment (no Q to load), and not a long part that issues its first tile alone
+            if (next.j != 0 && (C::kFirstAlone == 0 || hi - lo < C::kFirstAlone)) {
                 load_tile<C, kSparse>(a, next, next_raw, sm.kv(1), sm.valid(1));
                 cp_async_commit();
                 ahead = true;
