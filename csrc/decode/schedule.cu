@@ -13,19 +13,19 @@ using namespace mla;
 namespace {
 
 // Dynamic shared memory a configuration requests for cache format fmt (padded in
-// sm120-occupancy mode so that an SM holds as many CTAs as an sm_120 SM) and the CTAs per SM
-// that then fit.
+// sm120-occupancy mode so that an SM holds as many CTAs as an sm_120 SM, and with one_per_sm
+// so that it holds one) and the CTAs per SM that then fit.
 template <typename C>
-mla_status_t config_fit(mla_kv_format_t fmt, bool sm120_occupancy, int smem_per_sm, int optin, int* smem_out,
-                        int* ctas_out) {
+mla_status_t config_fit(mla_kv_format_t fmt, bool sm120_occupancy, bool one_per_sm, int smem_per_sm, int optin,
+                        int* smem_out, int* ctas_out) {
     const int need = with_row_format(fmt, [](auto f) { return KernelConfig<decltype(f), C>::kSmemBytes; });
     int smem = need;
     if (smem > optin)
         return fail(MLA_STATUS_UNSUPPORTED, "the device allows %d bytes of shared memory per block, the configuration needs %d",
                     optin, smem);
-    if (sm120_occupancy) {
-        // As many CTAs per SM as sm_120 holds (100 KB per SM, 1 KB reserved per CTA).
-        const int sm120_ctas = kSm120SmemPerSm / (need + 1024);
+    if (sm120_occupancy || one_per_sm) {
+        // As many CTAs per SM as sm_120 holds (100 KB per SM, 1 KB reserved per CTA), or one.
+        const int sm120_ctas = one_per_sm ? 1 : kSm120SmemPerSm / (need + 1024);
         int padded = smem_per_sm / (sm120_ctas + 1) - 1024 + 16;
         padded = (padded + 15) & ~15;
         smem = padded > smem ? padded : smem;
@@ -86,7 +86,7 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     // finish its tiles sooner); else 4 warps, two CTAs per H200 SM.
     const int64_t max_tiles = all_tiles * ((static_cast<int64_t>(q_len) * num_heads + Cfg::kBlockM - 1) / Cfg::kBlockM);
     int smem = 0, ctas = 0;
-    mla_status_t fit = config_fit<Cfg>(fmt, sm120_occupancy, smem_per_sm, optin, &smem, &ctas);
+    mla_status_t fit = config_fit<Cfg>(fmt, sm120_occupancy, false, smem_per_sm, optin, &smem, &ctas);
     if (fit != MLA_STATUS_OK) return fit;
     // At most 8 query rows per request (8 heads or fewer, q_len 1): the half m-tile
     // configurations (8 rows per CTA: the per-row phases skip the MMA's unused rows 8-15).
@@ -99,10 +99,23 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     const bool wide = m_rows >= 32 && (ctas == 1 || fmt == MLA_KV_FP8) && tune.warps != 4;
     int block_m = m_rows <= 8 ? 8 : (wide ? 32 : 16);
     if (tune.block_m != 0) block_m = tune.block_m;
-    int warps = block_m == 32 || max_tiles <= 2LL * sm_count ? 8 : 4;
+    // Small steps (at most two tiles per SM): parts of one tile where every tile can have a CTA
+    // of its own (log #27; for 16-bit rows up to half an SM per tile, log #69: at 128 tiles, 64
+    // CTAs of two tiles and half the pieces to merge beat 128 CTAs of one by 0.1-1.1 us), 8
+    // warps per CTA there (the lone tile finishes sooner), in one-part steps (no combine) and
+    // for fp8 rows (their 4-warp small steps measured 0.5-1 us slower); 16-bit steps whose CTAs
+    // stream two tiles take 4 warps, one CTA per SM (log #69: 0.4-1.1 us less in graph replay
+    // on b=1..8; the 4-warp CTAs leave registers for the combine's CTAs beside them, and two of
+    // them on one SM while others idle lost).
+    const bool small = max_tiles <= 2LL * sm_count;
+    const bool fp8 = fmt == MLA_KV_FP8_DS_MLA || fmt == MLA_KV_FP8;
+    const bool one_tile_parts = max_tiles <= (fp8 ? sm_count : sm_count / 2);
+    const bool small_4warps = small && !fp8 && !one_tile_parts && all_tiles > 2;
+    int warps = block_m == 32 || (small && !small_4warps) ? 8 : 4;
     if (tune.warps != 0) warps = tune.warps;
+    const bool one_per_sm = small && warps == 4;
     fit = with_config(warps, block_m, [&](auto c) {
-        return config_fit<decltype(c)>(fmt, sm120_occupancy, smem_per_sm, optin, &smem, &ctas);
+        return config_fit<decltype(c)>(fmt, sm120_occupancy, one_per_sm, smem_per_sm, optin, &smem, &ctas);
     });
     if (fit != MLA_STATUS_OK) return fit;
     const int m_tiles = (m_rows + block_m - 1) / block_m;
@@ -137,9 +150,9 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     // sequences, logs #9, #16).
     const int pdl = tune.pdl == 0 ? MLA_PDL_DEFAULT : (tune.pdl == MLA_PDL_OFF ? 0 : tune.pdl);
     in.pdl = major >= 9 ? pdl : 0;
-    // Parts of one tile when every tile can have a CTA of its own (t=1, b=1: the second
-    // tile's compute leaves the critical path; log #27), else at least kMinChunkTiles.
-    in.min_chunk = tune.min_chunk != 0 ? tune.min_chunk : (max_tiles <= sm_count ? 1 : kMinChunkTiles);
+    // Parts of one tile on small steps where every tile can have a CTA (above), else at least
+    // kMinChunkTiles.
+    in.min_chunk = tune.min_chunk != 0 ? tune.min_chunk : (one_tile_parts ? 1 : kMinChunkTiles);
     in.combine_slices = tune.combine_slices != 0 ? tune.combine_slices : combine_slices(s);
     return MLA_STATUS_OK;
 }
