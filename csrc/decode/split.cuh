@@ -423,10 +423,12 @@ inline int combine_slices(const mla_schedule_t* s) {
 }
 
 // Whether the 4-slice combine keeps 16 pieces per lane in flight (111 registers) instead of 4
-// (48): when every decode CTA streams at most two tiles (8 warps: they all end together, so
-// the fold is the critical path) and a split request has more than 32 pieces (b=2, b=1 at 16
-// rows: 4 round trips of 4 cost 2.4 us more than one of 16). decode/decode.cu picks the
-// kernel: 16 slices fold 4 pieces per lane, 1 slice (tuning only) 8.
+// (48): when every decode CTA streams at most two tiles with 8 warps (they all end together,
+// so the fold is the critical path) and a split request has more than 32 pieces (b=2, b=1 at
+// 16 rows: 4 round trips of 4 cost 2.4 us more than one of 16). The small 16-bit steps that
+// run 4 warps one CTA per SM (log #69) were measured with the 48-register batch: its CTAs fit
+// beside decode's. decode/decode.cu picks the kernel: 16 slices fold 4 pieces per lane, 1
+// slice (tuning only) 8.
 inline bool combine_deep_batch(const mla_schedule_t* s) {
     const int splits = max_splits(s->batch, s->num_parts);
     const int pieces = (s->num_parts + splits - 1) / splits;  // per split request, equal lengths
