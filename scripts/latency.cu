@@ -118,14 +118,15 @@ __global__ void icache_kernel(int* out, long long* cyc, int m, int k) {
 static cudaStream_t st;
 static void* flushbuf;
 
+// flush: the 256 MiB memset before each run (else back to back: the GPU idle at each launch)
 template <typename F>
-float median_us(F f, int iters = 200) {
+float median_us(F f, int iters = 200, bool flush = true) {
     cudaEvent_t a, b;
     cudaEventCreate(&a);
     cudaEventCreate(&b);
     std::vector<float> ts;
     for (int i = 0; i < iters + 5; ++i) {
-        cudaMemsetAsync(flushbuf, i & 0xff, 256 << 20, st);
+        if (flush) cudaMemsetAsync(flushbuf, i & 0xff, 256 << 20, st);
         cudaEventRecord(a, st);
         f();
         cudaEventRecord(b, st);
@@ -265,23 +266,8 @@ int main() {
         printf("graph of 1 empty, %6zu B smem, 132x256   %6.2f us\n", sm,
                median_us([&] { cudaGraphLaunch(ge1, st); }));
         // the same without the flush: back to back, the carveout stays
-        {
-            cudaEvent_t a, b;
-            cudaEventCreate(&a);
-            cudaEventCreate(&b);
-            std::vector<float> ts;
-            for (int i = 0; i < 205; ++i) {
-                cudaEventRecord(a, st);
-                cudaGraphLaunch(ge1, st);
-                cudaEventRecord(b, st);
-                cudaEventSynchronize(b);
-                float ms;
-                cudaEventElapsedTime(&ms, a, b);
-                if (i >= 5) ts.push_back(ms * 1000.f);
-            }
-            std::sort(ts.begin(), ts.end());
-            printf("  same, no flush between runs              %6.2f us\n", ts[ts.size() / 2]);
-        }
+        printf("  same, no flush between runs              %6.2f us\n",
+               median_us([&] { cudaGraphLaunch(ge1, st); }, 200, false));
     }
     g_smem = 0;
     cudaGraph_t g;
