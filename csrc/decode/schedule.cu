@@ -81,9 +81,8 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     MLA_CUDA_TRY(decode_allow_smem(optin));
     // The configuration (log #26, #28): with at least 32 query rows and room for only one
     // 4-warp CTA per SM (sm_120; the H200 in sm120-occupancy mode), 32 rows per 8-warp CTA
-    // (each K and V fragment serves two m-tiles); else 8 warps per CTA when the step has at
-    // most two tiles per SM (b=1, t=1: every CTA has an SM to itself either way, and 8 warps
-    // finish its tiles sooner); else 4 warps, two CTAs per H200 SM.
+    // (each K and V fragment serves two m-tiles); on small steps (at most two tiles per SM:
+    // b=1, t=1) 8 warps or 4 with one CTA per SM (below); else 4 warps, two CTAs per H200 SM.
     const int64_t max_tiles = all_tiles * ((static_cast<int64_t>(q_len) * num_heads + Cfg::kBlockM - 1) / Cfg::kBlockM);
     int smem = 0, ctas = 0;
     mla_status_t fit = config_fit<Cfg>(fmt, sm120_occupancy, false, smem_per_sm, optin, &smem, &ctas);
