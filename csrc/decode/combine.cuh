@@ -156,6 +156,18 @@ __device__ __forceinline__ void fold_pieces(const DecodeArgs& a, int req_first, 
     }
 }
 
+// A combine CTA's shared memory: the 8-warp merge's per-warp folds (kRed float4 per warp, their
+// maxima and weights) and find_split's scratch followed by its result (SplitFound).
+template <int kRed>
+struct CombineShared {
+    static constexpr int kScratch = split_scratch_ints<kCombineWarps * 32>();
+    float red_max[kCombineWarps];
+    float red_w[kCombineWarps];
+    float4 red_o[kCombineWarps * kRed];
+    int scratch[kScratch + kFoundInts];
+    __device__ int* found() { return scratch + kScratch; }
+};
+
 // Warp w merges row 8m + w (combine_rows = 8) of request r alone, over all its pieces
 // (first..last; first_tail as SplitFound's bit 0).
 template <typename T, bool kSparse, int kSlices, int kBatch>
@@ -172,11 +184,11 @@ __device__ __forceinline__ void merge_rows_by_warp(const DecodeArgs& a, int r, i
 
 // All 8 warps merge query row m's slice at dim0 (kSl slices) of request r (pieces
 // first..last): warp w folds pieces first+w, first+w+8, ..., then warp 0 merges the eight
-// folds in warp order (red_o: kCombineWarps x kRedStride float4 of shared memory) and writes
-// the row. Every thread calls it (a barrier over red_*).
+// folds in warp order (through sh's red_*) and writes the row. Every thread calls it (a
+// barrier over red_*).
 template <typename T, bool kSparse, int kSl, int kBatch, int kRedStride>
 __device__ __forceinline__ void merge_row_by_warps(const DecodeArgs& a, int r, int first, int first_tail, int last,
-                                                   int m, int dim0, float4* red_o, float* red_max, float* red_w) {
+                                                   int m, int dim0, CombineShared<kRedStride>& sh) {
     using S = SliceShape<kSl>;
     constexpr int kF4 = S::kF4;
     static_assert(kRedStride >= S::kLanes * kF4, "red_o rows too short");
@@ -187,30 +199,30 @@ __device__ __forceinline__ void merge_row_by_warps(const DecodeArgs& a, int r, i
         if (lane < S::kLanes) {
 #pragma unroll
             for (int i = 0; i < kF4; ++i)
-                red_o[warp * kRedStride + lane * kF4 + i] =
+                sh.red_o[warp * kRedStride + lane * kF4 + i] =
                     make_float4(f.acc[4 * i], f.acc[4 * i + 1], f.acc[4 * i + 2], f.acc[4 * i + 3]);
         }
         if (lane == 0) {
-            red_max[warp] = f.mx;
-            red_w[warp] = f.wsum;
+            sh.red_max[warp] = f.mx;
+            sh.red_w[warp] = f.wsum;
         }
     }
     __syncthreads();
     MLA_TRACE_AT(kTraceCombine, kTraceFoldsDone);
     if (warp != 0 || lane >= S::kLanes) return;
-    float mx = red_max[0];
+    float mx = sh.red_max[0];
 #pragma unroll
-    for (int w = 1; w < kCombineWarps; ++w) mx = fmaxf(mx, red_max[w]);
+    for (int w = 1; w < kCombineWarps; ++w) mx = fmaxf(mx, sh.red_max[w]);
     float wt = 0.f;
     float sum[4 * kF4] = {};
     if (mx != -INFINITY) {
 #pragma unroll
         for (int w = 0; w < kCombineWarps; ++w) {
-            const float sc = fast_exp2(red_max[w] - mx);  // an empty warp: 0
-            wt += red_w[w] * sc;
+            const float sc = fast_exp2(sh.red_max[w] - mx);  // an empty warp: 0
+            wt += sh.red_w[w] * sc;
 #pragma unroll
             for (int i = 0; i < kF4; ++i) {
-                const float4 u = red_o[w * kRedStride + lane * kF4 + i];
+                const float4 u = sh.red_o[w * kRedStride + lane * kF4 + i];
                 sum[4 * i + 0] += sc * u.x;
                 sum[4 * i + 1] += sc * u.y;
                 sum[4 * i + 2] += sc * u.z;
@@ -234,12 +246,8 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Decod
     using S = SliceShape<kSlices>;
     constexpr int kRed = S::kLanes * S::kF4;  // red_o per warp
     MLA_TRACE_AT(kTraceCombine, kTraceCombineEntry);
-    __shared__ float red_max[kCombineWarps];
-    __shared__ float red_w[kCombineWarps];
-    __shared__ float4 red_o[kCombineWarps * kRed];
-    constexpr int kScratch = split_scratch_ints<kCombineWarps * 32>();
-    __shared__ int scratch[kScratch + kFoundInts];  // find_split's scratch, then its result
-    int* found_s = scratch + kScratch;
+    __shared__ CombineShared<kRed> sh;
+    int* found_s = sh.found();
     const Lens lens{a.lens, a.max_len};
     const int k = blockIdx.x;
     const int m = blockIdx.y;  // row (combine_rows == 1) or group of combine_rows rows
@@ -248,7 +256,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Decod
     // The lengths are inputs, not decode's output: this runs while decode finishes (with
     // PDL every decode CTA has passed its own wait, so whatever wrote them is complete);
     // only the pieces need the wait.
-    const bool found = find_split<kCombineWarps * 32>(a, lens, k, scratch, found_s);
+    const bool found = find_split<kCombineWarps * 32>(a, lens, k, sh.scratch, found_s);
     if (!found) return;
     MLA_TRACE_AT(kTraceCombine, kTraceSplitFound);
     grid_dependency_wait();
@@ -258,8 +266,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Decod
     if (a.combine_rows > 1) {  // few pieces per request: warp w merges row m + w alone
         merge_rows_by_warp<T, kSparse, kSlices, kBatch>(a, r, first, first_tail, last, m, dim0);
     } else {  // many pieces: 8 warps per row
-        merge_row_by_warps<T, kSparse, kSlices, kBatch, kRed>(a, r, first, first_tail, last, m, dim0, red_o, red_max,
-                                                               red_w);
+        merge_row_by_warps<T, kSparse, kSlices, kBatch, kRed>(a, r, first, first_tail, last, m, dim0, sh);
     }
     MLA_TRACE_AT(kTraceCombine, kTraceCombineEnd);
 }
@@ -283,19 +290,15 @@ __global__ void __launch_bounds__(kCombineWarps * 32, kSlices == 4 ? 5 : 4) comb
     // red_o rows: a 32-dim item's, or with kByWarps a 4-slice row's
     constexpr int kRed = kByWarps ? S::kLanes * S::kF4 : SI::kLanes * SI::kF4;
     MLA_TRACE_AT(kTraceCombine, kTraceCombineEntry);
-    __shared__ float red_max[kCombineWarps];
-    __shared__ float red_w[kCombineWarps];
-    __shared__ float4 red_o[kCombineWarps * kRed];
-    constexpr int kScratch = split_scratch_ints<kCombineWarps * 32>();
-    __shared__ int scratch[kScratch + kFoundInts];  // find_split's scratch, then its result
+    __shared__ CombineShared<kRed> sh;
     __shared__ LongSplit long_s[kMaxLong];
-    int* found_s = scratch + kScratch;
+    int* found_s = sh.found();
     const Lens lens{a.lens, a.max_len};
     // The k-th split request and the long ones, from the lengths, before the wait (as
     // combine_kernel).
     int n_long;
     const bool found = find_split<kCombineWarps * 32, kByWarps ? kLongByWarps : kLongByWarp>(
-        a, lens, blockIdx.x, scratch, found_s, long_s, &n_long);
+        a, lens, blockIdx.x, sh.scratch, found_s, long_s, &n_long);
     if (!found && n_long == 0) return;
     MLA_TRACE_AT(kTraceCombine, kTraceSplitFound);
     grid_dependency_wait();
@@ -305,7 +308,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32, kSlices == 4 ? 5 : 4) comb
         const int first_tail = found_s[kFoundTail] & 1;
         if constexpr (kByWarps) {
             merge_row_by_warps<T, kSparse, kSlices, 4, kRed>(a, r, first, first_tail, last, blockIdx.y,
-                                                             blockIdx.z * S::kDims, red_o, red_max, red_w);
+                                                             blockIdx.z * S::kDims, sh);
         } else {
             merge_rows_by_warp<T, kSparse, kSlices, 4>(a, r, first, first_tail, last, blockIdx.y,
                                                        blockIdx.z * S::kDims);
@@ -320,7 +323,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32, kSlices == 4 ? 5 : 4) comb
         const LongSplit L = long_s[li];
         __syncthreads();  // red_* free again
         merge_row_by_warps<T, kSparse, kItemSlices, 4, kRed>(a, L.req, L.first, L.tail, L.last, rem / kItemSlices,
-                                                             (rem % kItemSlices) * SI::kDims, red_o, red_max, red_w);
+                                                             (rem % kItemSlices) * SI::kDims, sh);
     }
     MLA_TRACE_AT(kTraceCombine, kTraceCombineEnd);
 }

@@ -259,11 +259,19 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
         found[kFoundLast] = last;
         found[kFoundTail] = tail;
     };
+    // A long request lidx-th in request order: listed while the list has room (kFoundListed).
+    auto list_long = [&](bool is_long, int lidx, int b, int first, int last, int tail) {
+        const int listed = is_long && lidx < kMaxLong ? kFoundListed : 0;
+        if (listed) long_list[lidx] = LongSplit{b, first, last, tail};
+        return listed;
+    };
+    auto set_n_long = [&](int n) { *n_long = n < kMaxLong ? n : kMaxLong; };
     // count: split requests before this pass; with kLong in its low 16 bits (at most kThreads
     // per pass), the long ones in its high bits, both from one scan
     auto check = [&](bool valid, int b, int start, int t, int chunk, int& count) {
         const int first = part_of(start, chunk), last = part_of(start + t - 1, chunk);
         const int split = valid && first != last ? 1 : 0;
+        const int tail = start != first * chunk ? 1 : 0;
         int n, idx, listed = 0;
         if constexpr (kLong) {
             int min_pieces = long_min(0);
@@ -275,23 +283,18 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
             const int v = split | (is_long << 16);
             const int before = block_inclusive_sum<kThreads>(v, scratch + kW, &n) - v;
             idx = (count & 0xffff) + (before & 0xffff);
-            const int lidx = (count >> 16) + (before >> 16);
-            listed = is_long && lidx < kMaxLong ? kFoundListed : 0;
-            if (listed) long_list[lidx] = LongSplit{b, first, last, start != first * chunk ? 1 : 0};
+            listed = list_long(is_long, (count >> 16) + (before >> 16), b, first, last, tail);
         } else {
             idx = count + block_inclusive_sum<kThreads>(split, scratch + kW, &n) - split;
         }
         count += n;
         const bool mine = split && idx == k;
-        if (mine) record(b, first, last, (start != first * chunk ? 1 : 0) | listed);
+        if (mine) record(b, first, last, tail | listed);
         return mine;
     };
     int count = 0;
     auto done = [&](bool hit) {
-        if constexpr (kLong) {
-            const int nl = count >> 16;  // every thread's count is the same
-            *n_long = nl < kMaxLong ? nl : kMaxLong;
-        }
+        if constexpr (kLong) set_n_long(count >> 16);  // every thread's count is the same
         return hit;
     };
     if (a.batch <= 32) {  // one warp: shuffles and ballots, then a single barrier
@@ -320,19 +323,14 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
                 if constexpr (kRule == kLongByWarps) min_pieces = long_min(__popc(__ballot_sync(0xffffffffu, split)));
                 const bool is_long = split && last - first + 1 >= min_pieces;
                 const uint32_t longs = __ballot_sync(0xffffffffu, is_long);
-                const int lidx = __popc(longs & before);
-                listed = is_long && lidx < kMaxLong ? kFoundListed : 0;
-                if (listed) long_list[lidx] = LongSplit{b, first, last, tail};
+                listed = list_long(is_long, __popc(longs & before), b, first, last, tail);
                 if (b == 0) scratch[0] = __popc(longs);
             }
             mine = split && idx == k;
             if (mine) record(b, first, last, tail | listed);
         }
         const bool hit = __syncthreads_or(mine);
-        if constexpr (kLong) {
-            const int nl = scratch[0];
-            *n_long = nl < kMaxLong ? nl : kMaxLong;
-        }
+        if constexpr (kLong) set_n_long(scratch[0]);
         return hit;
     }
     if (a.batch <= kThreads) {  // one request per thread: a scan for the tiles, one for the splits
