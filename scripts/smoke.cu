@@ -101,7 +101,14 @@ static void trace(D dec) {
     static void* flush = nullptr;
     if (!flush) CK(cudaMalloc(&flush, 256 << 20));
     std::vector<unsigned long long> buf((size_t)2 * kC * kP * 2);
-    auto at = [&](int k, int c, int i, int w) { return buf[(((size_t)k * kC + c) * kP + i) * 2 + w]; };
+    // w = 0: %globaltimer (ns); w = 1: clock64 (the SM's id is above bit 52: sm_of)
+    auto at = [&](int k, int c, int i, int w) {
+        const unsigned long long v = buf[(((size_t)k * kC + c) * kP + i) * 2 + w];
+        return w ? v & ((1ull << 52) - 1) : v;
+    };
+    auto sm_of = [&](int k, int c) { return (int)(buf[(((size_t)k * kC + c) * kP) * 2 + 1] >> 52); };
+    // MLA_TRACE_DUMP=1: every decode CTA of the last run (linear index, SM, µs of its points)
+    const bool dump = getenv("MLA_TRACE_DUMP") != nullptr;
     // The points of csrc/common/trace.cuh (DecodeTracePoint, CombineTracePoint), in order;
     // the phase of point i is measured from point prev[k][i] (the last tile from the first).
     const char* names[2][kP] = {{"entry", "wait done", "part found", "1st tile in", "1st S done", "1st PV done",
@@ -164,6 +171,17 @@ static void trace(D dec) {
             if (at(0, c, kEnd, 0) && at(0, c, 0, 0) && at(0, c, kEnd, 1) > at(0, c, 0, 1))
                 ratio.push_back((double)(at(0, c, kEnd, 0) - at(0, c, 0, 0)) /
                                 (double)(at(0, c, kEnd, 1) - at(0, c, 0, 1)));
+        if (dump && run == kRuns + 2) {
+            printf("\n    dump: cta sm | entry wait part first-in firstS firstPV last-in end (µs) | combine: cta sm entry split wait batch folds end\n");
+            for (int k = 0; k < 2; ++k)
+                for (int c = 0; c < kC; ++c) {
+                    if (!at(k, c, 0, 0)) continue;
+                    printf("    dump%d %4d %3d", k, c, sm_of(k, c));
+                    for (int i = 0; i < npts[k]; ++i)
+                        printf(" %7.2f", at(k, c, i, 0) ? (double)(at(k, c, i, 0) - t0) * 1e-3 : -1.0);
+                    printf("\n");
+                }
+        }
         if (!ratio.empty()) {
             std::sort(ratio.begin(), ratio.end());
             ns_per_cyc.push_back(ratio[ratio.size() / 2]);
@@ -512,6 +530,8 @@ int main(int argc, char** argv) {
         mixed(8, 15, 512, 1, 8192);
         mixed(8, 16, 4096, 0, 0);
         mixed(16, 127, 1024, 1, 65536);
+        printf("dense b=64 l=4096");
+        run_dense(64, 1, 8, 64, 4096, false, 0, true);
         return 0;
     }
     cudaDeviceProp prop;

@@ -1,5 +1,5 @@
 // Phase timestamps for scripts/smoke.cu's trace mode (built with -DMLA_TRACE only): thread 0
-// of each CTA stores (%globaltimer, clock64) at the named points below, into
+// of each CTA stores (%globaltimer, clock64 | %smid << 52) at the named points below, into
 // g_mla_trace[kernel][cta][point]; decode/decode.cu's mla_trace_read copies them out.
 // Without MLA_TRACE the points compile to nothing. Include this only from the translation
 // unit that launches the kernels (it defines g_mla_trace).
@@ -46,7 +46,10 @@ __device__ unsigned long long g_mla_trace[2][mla::kTraceCtas][mla::kTracePoints]
             unsigned long long t_;                                                               \
             asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                               \
             g_mla_trace[k][cta_][i][0] = t_;                                                     \
-            g_mla_trace[k][cta_][i][1] = clock64();                                              \
+            unsigned smid_;                                                                      \
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(smid_));                                   \
+            /* clock64 in the low 52 bits, the SM's id above (scripts/smoke.cu masks it) */      \
+            g_mla_trace[k][cta_][i][1] = (clock64() & ((1ull << 52) - 1)) | ((unsigned long long)smid_ << 52); \
         }                                                                                        \
     } while (0)
 #else

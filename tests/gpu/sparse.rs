@@ -385,3 +385,59 @@ fn check_holes_and_duplicates<T: Half>(rng: &mut Rng, stream: &Arc<CudaStream>) 
     let label = format!("holes/duplicates {}", T::DTYPE);
     check_problem(&label, rng, stream, &s, plan_options(false));
 }
+
+/// One-part sparse steps with topk_len: the slots the index rows name past topk_len hold NaN
+/// rows (or bad ids, which are not faults there) and must not reach the output (the guard
+/// of the dense test of the same name).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sanitize_sparse_one_part_nan_past_len() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("sanitize_sparse_one_part_nan_past_len");
+    let style = RowStyle {
+        hole: 0.1,
+        bad: 0.0,
+    };
+    for (tokens, heads, topk, lens) in [
+        (1usize, 8usize, 32usize, vec![1i32]),
+        (1, 8, 64, vec![0]),
+        (1, 8, 40, vec![31]),
+        (2, 8, 32, vec![7, 32]),
+        (1, 16, 20, vec![19]),
+    ] {
+        let mut s = random_sparse::<bf16>(&mut rng, tokens, heads, topk, 8, 16, style, true);
+        let slots = s.cache.num_slots();
+        let half = slots / 2;
+        let bs = s.cache.block_size;
+        s.topk_len = Some(lens.clone());
+        for (t, &len) in lens.iter().enumerate() {
+            for e in 0..topk {
+                let id = &mut s.indices[t * s.stride + e];
+                if (e as i32) < len {
+                    if *id >= half as i32 {
+                        *id = rng.below(half) as i32;
+                    }
+                } else {
+                    *id = if rng.chance(0.2) {
+                        bad_slot(&mut rng, slots)
+                    } else {
+                        (half + rng.below(slots - half)) as i32
+                    };
+                }
+            }
+        }
+        for slot in half..slots {
+            let at = (slot / bs) * s.cache.stride + (slot % bs) * 576;
+            s.cache.data[at..at + 576].fill(<bf16 as Half>::nan());
+        }
+        let label = format!("one part tokens {tokens} topk {topk} lens {lens:?}");
+        let kind = QKind::random(&mut rng);
+        let q = HostQuery::<bf16>::random(&mut rng, kind, tokens, heads);
+        let got = run_once(&mut rng, &stream, &s, &q, None, plan_options(false));
+        let all = all_heads(heads);
+        let want = s.reference(&q, &all);
+        assert!(want.faults.is_empty(), "{label}");
+        check_flag(&label, got.flag, &want.faults);
+        check_outputs(&label, &got, &want, &all);
+    }
+}
