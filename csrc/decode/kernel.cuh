@@ -532,6 +532,17 @@ __device__ __forceinline__ void softmax_tile(const DecodeArgs& a, float (&s)[C::
             m_run[mt][hf] = m_new;
         }
         if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // the running max moved
+            if constexpr (kSwapPV<C>) {  // o is Oᵀ: this lane's query rows are 2tq and 2tq + 1
+                const float a0 = __shfl_sync(0xffffffffu, alpha[0], 8 * tq), a1 = __shfl_sync(0xffffffffu, alpha[0], 8 * tq + 4);
+#pragma unroll
+                for (int c = 0; c < C::kONTiles / 2; ++c) {
+                    o[mt][c][0] *= a0;
+                    o[mt][c][1] *= a1;
+                    o[mt][c][2] *= a0;
+                    o[mt][c][3] *= a1;
+                }
+                continue;
+            }
 #pragma unroll
             for (int n = 0; n < C::kONTiles; ++n) {
                 o[mt][n][0] *= alpha[0];
@@ -767,9 +778,47 @@ __device__ __forceinline__ void write_segment(const DecodeArgs& a, const Cursor&
             float inv = l > 0.f ? fast_rcp(l) : 0.f;
             if constexpr (C::Format::kFp8 && !C::Format::kDsMla) inv *= *a.kv_scale;  // per-tensor: V's scale
             const float lse2 = l > 0.f ? m_run[mt][hf] + fast_log2(l) : -INFINITY;
+            if constexpr (kSwapPV<C>) {
+                // o is Oᵀ: this lane writes query rows 2tq + e, dims 2g and 2g + 1 of each of
+                // the warp's 16-dim chunks, with those rows' factors (lanes 8tq, 8tq + 4)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float inv_e = __shfl_sync(0xffffffffu, inv, 8 * tq + 4 * e);
+                    const int me = m_tile * C::kBlockM + 2 * tq + e;
+                    if (me >= a.m_rows) continue;
+                    if (whole) {
+                        int token, head;
+                        row_token_head<kSparse>(a, b, me, token, head);
+                        T* dst = reinterpret_cast<T*>(a.out) + token * a.out_ts + head * a.out_hs + warp * C::kODims + 2 * g;
+#pragma unroll
+                        for (int c = 0; c < C::kONTiles / 2; ++c)
+                            *reinterpret_cast<uint32_t*>(dst + 16 * c) =
+                                Elem<T>::pack(o[mt][c][e] * inv_e, o[mt][c][2 + e] * inv_e);
+                    } else {
+                        const size_t row = static_cast<size_t>(slot) * a.m_rows + me;
+                        float* dst = a.ws_o + row * kLatentDim + warp * C::kODims + 2 * g;
+#pragma unroll
+                        for (int c = 0; c < C::kONTiles / 2; ++c)
+                            *reinterpret_cast<float2*>(dst + 16 * c) = make_float2(o[mt][c][e] * inv_e, o[mt][c][2 + e] * inv_e);
+                    }
+                }
+            }
             const int m = m_tile * C::kBlockM + mt * 16 + g + 8 * hf;
             if (m < a.m_rows) {
-                if (whole) {
+                if (kSwapPV<C>) {
+                    // (the rows' o is written above; the lse of row g here)
+                    if (warp == 0 && tq == 0) {
+                        if (whole) {
+                            if (a.lse != nullptr) {
+                                int token, head;
+                                row_token_head<kSparse>(a, b, m, token, head);
+                                a.lse[token * a.lse_ts + head * a.lse_hs] = lse2 * kLn2;
+                            }
+                        } else {
+                            a.ws_lse[static_cast<size_t>(slot) * a.m_rows + m] = lse2;
+                        }
+                    }
+                } else if (whole) {
                     int token, head;
                     row_token_head<kSparse>(a, b, m, token, head);
                     T* dst = reinterpret_cast<T*>(a.out) + token * a.out_ts + head * a.out_hs + warp * C::kODims + 2 * tq;
@@ -818,8 +867,22 @@ __device__ __forceinline__ void write_segment(const DecodeArgs& a, const Cursor&
 }
 
 // Fmt: the cache-row format (decode/format.cuh); Tile: the tile configuration (config.cuh).
+// The CTAs per SM the kernel's registers must allow (__launch_bounds__' second argument):
+// KernelConfig::kMinCtasSm90 on sm_90 (the fp8 8-row streaming configuration: three per
+// H200 SM, log #72), one elsewhere (sm_120 holds two fp8 CTAs by shared memory, and a cap
+// would only cost registers).
+template <typename C>
+constexpr int decode_min_ctas() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && __CUDA_ARCH__ < 1000
+    return C::kMinCtasSm90;
+#else
+    return 1;
+#endif
+}
+
 template <typename Fmt, bool kSparse, typename Tile>
-__global__ void __launch_bounds__(Tile::kThreads, 1) decode_kernel(const DecodeArgs a) {
+__global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<Fmt, Tile>>())
+    decode_kernel(const DecodeArgs a) {
     using C = KernelConfig<Fmt, Tile>;
     using T = typename Fmt::Elem;
     MLA_TRACE_AT(kTraceDecode, kTraceDecodeEntry);

@@ -117,6 +117,12 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
         return config_fit<decltype(c)>(fmt, sm120_occupancy, one_per_sm, smem_per_sm, optin, &smem, &ctas);
     });
     if (fit != MLA_STATUS_OK) return fit;
+    // A third CTA per SM where the registers allow it (the fp8_ds_mla 8-row 4-warp kernel on
+    // sm_90, KernelConfig::kMinCtasSm90) only on long steps, whose parts still stream at least
+    // kLongPartTiles tiles each: log #72 measured it 2-6 % faster there (dense b=64 and b=128,
+    // sparse t=128), and 8-11 % slower on steps of ~5 tiles per part (more parts, more pieces).
+    constexpr int64_t kLongPartTiles = 16;
+    if (ctas > 2 && max_tiles < kLongPartTiles * ctas * sm_count) ctas = 2;
     const int m_tiles = (m_rows + block_m - 1) / block_m;
     const int target = sm_count * ctas;
     int parts = (target + m_tiles - 1) / m_tiles;
