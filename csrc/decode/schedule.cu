@@ -119,9 +119,10 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     if (fit != MLA_STATUS_OK) return fit;
     // A third CTA per SM where the registers allow it (the fp8_ds_mla 8-row 4-warp kernel on
     // sm_90, KernelConfig::kMinCtasSm90) only on long steps, whose parts still stream at least
-    // kLongPartTiles tiles each: log #72 measured it 2-6 % faster there (dense b=64 and b=128,
-    // sparse t=128), and 8-11 % slower on steps of ~5 tiles per part (more parts, more pieces).
-    constexpr int64_t kLongPartTiles = 16;
+    // kLongPartTiles tiles each with three: log #72 measured it 5-10 % faster at 15.5 tiles per
+    // part and more (dense b=48, b=64, b=128 l=8192; sparse t=96, t=128), 1-5 % slower at 10.3
+    // (b=32 l=4096, t=64, b=16 l=8192) and 8-11 % slower at 5.2 (t=32, b=16 l=4096).
+    constexpr int64_t kLongPartTiles = 12;
     if (ctas > 2 && max_tiles < kLongPartTiles * ctas * sm_count) ctas = 2;
     const int m_tiles = (m_rows + block_m - 1) / block_m;
     const int target = sm_count * ctas;
