@@ -95,11 +95,11 @@ struct KernelConfig : Tile {
     // wave of copies half as deep); 16-bit rows lost up to 2 % (log #68).
     static constexpr int kFirstAlone = Fmt::kFp8 ? 4 : 0;
     // CTAs per SM the registers must allow on sm_90 (decode_min_ctas, decode/kernel.cuh): the
-    // fp8_ds_mla 8-row 4-warp configuration fits 168 registers without spills (since its P V
-    // is computed transposed, decode/fp8_phases.cuh kSwapPV), so three CTAs share an H200 SM;
-    // the schedule uses the third only on long steps (log #72). (Per-tensor fp8 with bf16
-    // queries would spill 4-8 bytes there: two.)
-    static constexpr int kMinCtasSm90 = (Fmt::kFp8 && Fmt::kDsMla && Tile::kHalfM && Tile::kWarps == 4) ? 3 : 1;
+    // fp8 8-row 4-warp configuration fits 168 registers without spills (since its P V is
+    // computed transposed, decode/fp8_phases.cuh kSwapPV; per-tensor fp8 also with one S
+    // accumulator, Fp8Split::kAccs), so three CTAs share an H200 SM; the schedule uses the
+    // third only on long steps (log #72).
+    static constexpr int kMinCtasSm90 = (Fmt::kFp8 && Tile::kHalfM && Tile::kWarps == 4) ? 3 : 1;
     // S = Q K^T: k16 steps of the QK width per warp
     static constexpr int kSKSteps = Fmt::kQkDim / 16 / Tile::kSplitK;
     // O += P V: warps split the kVDim output dims

@@ -34,7 +34,7 @@
 //     l = sum 2^(s - C) and the rescaling by 2^(C_old - C_new) follow C, so O = o / l and
 //     lse = C + log2 l exactly as with a 16-bit cache (each warp has its own C: its own t).
 //     Per-tensor fp8: P'' = P and the scale multiplies the output.
-//   - kSwapPV (fp8_ds_mla, 4-warp 8-row configuration, whose query rows 8-15 are zero): P V is computed
+//   - kSwapPV (the 4-warp 8-row configuration, whose query rows 8-15 are zero): P V is computed
 //     transposed, Oᵀ += Vᵀ Pᵀ, with a 16-dim chunk as M (fragment row g: the chunk's dim 2g,
 //     row g + 8: dim 2g + 1; the same converted V registers, as A) and the 8 query rows as N
 //     (P's A fragments of rows g are Pᵀ's B fragments): half the MMAs, and o holds 32
@@ -70,8 +70,9 @@ struct Fp8Split {
     static constexpr int kTiles = kDsMla ? kFp8DsMlaTiles / C::kSplitK : 1;  // scale tiles per warp
     static constexpr int kStepsPerTile = kLatSteps / kTiles;
     // S accumulators: one per scale tile (fp8_ds_mla), two parities (per-tensor, one m-tile,
-    // long chains) or one
-    static constexpr int kAccs = kDsMla ? kTiles : (C::kMTiles == 1 && kLatSteps > 9 ? 2 : 1);
+    // long chains) or one (per-tensor in the 4-warp 8-row configuration: the 8 registers it
+    // saves let it fit three CTAs per H200 SM without spills, log #72)
+    static constexpr int kAccs = kDsMla ? kTiles : (C::kMTiles == 1 && kLatSteps > 9 && !C::kHalfM ? 2 : 1);
     static_assert(kLatSteps + kRopeSteps == C::kSKSteps, "the warp's k16 steps");
     static_assert(!kDsMla || (kStepsPerTile % 2 == 0 && kStepsPerTile * 16 == kFp8DsMlaTile),
                   "step pairs stay in one scale tile");
@@ -325,12 +326,12 @@ __device__ __forceinline__ void p_frags(const float (&s)[C::kMTiles][4][4], int 
     }
 }
 
-// fp8_ds_mla rows in the 4-warp 8-row configuration compute P V transposed (kSwapPV above): o
-// holds Oᵀ. (Log #72: 1-4 % faster on the streaming rows and 32-40 registers fewer, which lets
-// three CTAs share an H200 SM; the 8-warp 8-row configuration, which serves the small steps,
-// measured 0.9 µs slower with it, per-tensor fp8 0.5 % slower.)
+// fp8 rows in the 4-warp 8-row configuration compute P V transposed (kSwapPV above): o holds
+// Oᵀ. (Log #72: 1-4 % faster on the fp8_ds_mla streaming rows, per-tensor fp8 within 0.5 %,
+// and 32-40 registers fewer, which lets three CTAs share an H200 SM; the 8-warp 8-row
+// configuration, which serves the small steps, measured 0.9 µs slower with it.)
 template <typename C>
-constexpr bool kSwapPV = C::Format::kFp8 && C::Format::kDsMla && C::kHalfM && C::kWarps == 4;
+constexpr bool kSwapPV = C::Format::kFp8 && C::kHalfM && C::kWarps == 4;
 
 // ---- phase: P V ------------------------------------------------------------------------------
 // O += P'' V for k16 step kk of the tile (pa: the A fragments of P'' for every m-tile) over

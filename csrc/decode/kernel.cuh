@@ -541,15 +541,15 @@ __device__ __forceinline__ void softmax_tile(const DecodeArgs& a, float (&s)[C::
                     o[mt][c][2] *= a0;
                     o[mt][c][3] *= a1;
                 }
-                continue;
-            }
+            } else {
 #pragma unroll
-            for (int n = 0; n < C::kONTiles; ++n) {
-                o[mt][n][0] *= alpha[0];
-                o[mt][n][1] *= alpha[0];
-                if constexpr (!C::kHalfM) {
-                    o[mt][n][2] *= alpha[1];
-                    o[mt][n][3] *= alpha[1];
+                for (int n = 0; n < C::kONTiles; ++n) {
+                    o[mt][n][0] *= alpha[0];
+                    o[mt][n][1] *= alpha[0];
+                    if constexpr (!C::kHalfM) {
+                        o[mt][n][2] *= alpha[1];
+                        o[mt][n][3] *= alpha[1];
+                    }
                 }
             }
         }
