@@ -183,7 +183,106 @@ __device__ __forceinline__ void fp8_q_bf16_to_f16(uint32_t (&qf)[C::kSKSteps][4]
     }
 }
 
+// fp8 rows in the 4-warp 8-row configuration compute both products transposed (kSwapPV in
+// the header): o holds Oᵀ, and S is computed as Sᵀ and stored to the partials in S's layout. (Log #72: 1-4 % faster on the fp8_ds_mla streaming rows, per-tensor fp8 within 0.5 %,
+// and 32-40 registers fewer, which lets three CTAs share an H200 SM; the 8-warp 8-row
+// configuration, which serves the small steps, measured 0.9 µs slower with it.)
+template <typename C>
+constexpr bool kSwapPV = C::Format::kFp8 && C::kHalfM && C::kWarps == 4;
+
 // ---- phase: scores -----------------------------------------------------------------------
+// The 8-row 4-warp configuration (kSwapPV): Sᵀ = K Qᵀ, the warp's 16 tile rows as M (A
+// fragments from the same ldmatrix and conversions: rows g and g + 8, the k order permuted as
+// for the query) and the 8 query rows as N (the query's fragments a0 / a2 are Qᵀ's b0 / b1):
+// one MMA per k16 step instead of two. The lane's accumulators are (tile row g, query rows
+// 2tq and 2tq + 1) and (row g + 8, the same), scaled per tile row, then stored to the S
+// partials at S's own positions (read_scores reads them unchanged).
+template <typename T, typename C>
+__device__ __forceinline__ void fp8_score_partials_t(uint32_t kv_base, const uint32_t (&qf)[C::kSKSteps][4],
+                                                     const float (&rowf)[2], int krow, int kh, int col_half,
+                                                     float4* part_s, int warp, int lane) {
+    using S = Fp8Split<C>;
+    using Fmt = typename C::Format;
+    constexpr int RB = Fmt::kSmemRowBytes;
+    const uint32_t row = kv_base + krow * RB;
+    float acc[S::kAccs][4];
+#pragma unroll
+    for (int i = 0; i < S::kAccs; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    // r[0] = (rows 0-7, step ks), r[1] = (rows 0-7, ks + 1), r[2] = (rows 8-15, ks), r[3] = (rows 8-15, ks + 1)
+#pragma unroll
+    for (int ks = 0; ks < S::kLatSteps; ks += 2) {
+        uint32_t r[4];
+        ldmatrix_x4(r, row + 16 * (kh * S::kLatSteps + ks + col_half));
+        uint32_t bf[4][2];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) e4m3x4_to_f16x2x2(r[i], bf[i][0], bf[i][1]);
+        const int ai = S::kDsMla ? ks / S::kStepsPerTile : (ks / 2) % S::kAccs;
+        const uint32_t a0[4] = {bf[0][0], bf[2][0], bf[0][1], bf[2][1]};
+        const uint32_t a1[4] = {bf[1][0], bf[3][0], bf[1][1], bf[3][1]};
+        mma16816<__half>(acc[ai], a0, qf[ks][0], qf[ks][2]);
+        mma16816<__half>(acc[ai], a1, qf[ks + 1][0], qf[ks + 1][2]);
+    }
+    const int g = lane >> 2, tq = lane & 3;
+    const int wrow0 = krow & ~15;  // the warp's first tile row
+    float v[4];
+    if constexpr (S::kDsMla) {
+        // the scales of tile rows g and g + 8
+        float sc[S::kTiles][2];
+#pragma unroll
+        for (int t = 0; t < S::kTiles; ++t)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                sc[t][h] = lds_f32(kv_base + (wrow0 + g + 8 * h) * RB + kFp8DsMlaScalesOffset + 4 * (kh * S::kTiles + t));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            float x = acc[0][i] * sc[0][i >> 1];
+#pragma unroll
+            for (int t = 1; t < S::kTiles; ++t) x = fmaf(acc[t][i], sc[t][i >> 1], x);
+            v[i] = x;
+        }
+        // RoPE: bf16 values, 16-bit ldmatrix: b[0] rows 0-7 k 0-7, b[1] rows 0-7 k 8-15,
+        // b[2] rows 8-15 k 0-7, b[3] rows 8-15 k 8-15: A = {b[0], b[2], b[1], b[3]}
+#pragma unroll
+        for (int rs = 0; rs < S::kRopeSteps; ++rs) {
+            uint32_t b[4];
+            ldmatrix_x4(b, row + kFp8DsMlaRopeOffset + 16 * (2 * (kh * S::kRopeSteps + rs) + col_half));
+            const int k = S::kLatSteps + rs;
+            if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+                const uint32_t ar[4] = {b[0], b[2], b[1], b[3]};
+                mma16816<__nv_bfloat16>(v, ar, qf[k][0], qf[k][2]);
+            } else {
+                const uint32_t ar[4] = {bf16x2_to_f16x2(b[0]), bf16x2_to_f16x2(b[2]), bf16x2_to_f16x2(b[1]),
+                                        bf16x2_to_f16x2(b[3])};
+                mma16816<__half>(v, ar, qf[k][0], qf[k][2]);
+            }
+        }
+    } else {
+        const float ts = lds_f32(kv_base + kFp8TensorRowBytes);  // staged row 0's copy of the tensor scale
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            float x = acc[0][i];
+#pragma unroll
+            for (int t = 1; t < S::kAccs; ++t) x += acc[t][i];
+            v[i] = x * ts;
+        }
+    }
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) {  // undo the query's 2^a: rows 2tq, 2tq + 1
+        const float f0 = __shfl_sync(0xffffffffu, rowf[0], 8 * tq), f1 = __shfl_sync(0xffffffffu, rowf[0], 8 * tq + 4);
+        v[0] *= f0;
+        v[1] *= f1;
+        v[2] *= f0;
+        v[3] *= f1;
+    }
+    // S's partial layout (store_partial of a half m-tile): fragment (warp, n8 tile n) holds
+    // float2 (S[q][8n + 2c], S[q][8n + 2c + 1]) at lane 4q + c
+    float* p = reinterpret_cast<float*>(part_s);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int n = i >> 1, q = 2 * tq + (i & 1);
+        p[2 * part_slot<C>(warp * 2 + n, 4 * q + (g >> 1)) + (g & 1)] = v[i];
+    }
+}
+
 // S = Q K^T for this warp's 16 tile rows (krow: the lane's ldmatrix row, krow & ~15 the warp's
 // first) over its k range (kh), written to its S partials as score_partials does.
 template <typename T, typename C>
@@ -195,6 +294,10 @@ __device__ __forceinline__ void fp8_score_partials(uint32_t kv_base, const uint3
     constexpr int kMT = C::kMTiles;
     constexpr int RB = Fmt::kSmemRowBytes;
     const uint32_t row = kv_base + krow * RB;
+    if constexpr (kSwapPV<C>) {
+        fp8_score_partials_t<T, C>(kv_base, qf[0], rowf[0], krow, kh, col_half, part_s, warp, lane);
+        return;
+    }
     float acc[kMT][2][S::kAccs][4];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
@@ -325,13 +428,6 @@ __device__ __forceinline__ void p_frags(const float (&s)[C::kMTiles][4][4], int 
         pa[mt][3] = C::kHalfM ? 0u : Elem<E>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
     }
 }
-
-// fp8 rows in the 4-warp 8-row configuration compute P V transposed (kSwapPV above): o holds
-// Oᵀ. (Log #72: 1-4 % faster on the fp8_ds_mla streaming rows, per-tensor fp8 within 0.5 %,
-// and 32-40 registers fewer, which lets three CTAs share an H200 SM; the 8-warp 8-row
-// configuration, which serves the small steps, measured 0.9 µs slower with it.)
-template <typename C>
-constexpr bool kSwapPV = C::Format::kFp8 && C::kHalfM && C::kWarps == 4;
 
 // ---- phase: P V ------------------------------------------------------------------------------
 // O += P'' V for k16 step kk of the tile (pa: the A fragments of P'' for every m-tile) over
