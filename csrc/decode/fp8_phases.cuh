@@ -34,8 +34,10 @@
 //     l = sum 2^(s - C) and the rescaling by 2^(C_old - C_new) follow C, so O = o / l and
 //     lse = C + log2 l exactly as with a 16-bit cache (each warp has its own C: its own t).
 //     Per-tensor fp8: P'' = P and the scale multiplies the output.
-//   - kSwapPV (the 4-warp 8-row configuration, whose query rows 8-15 are zero): P V is computed
-//     transposed, Oᵀ += Vᵀ Pᵀ, with a 16-dim chunk as M (fragment row g: the chunk's dim 2g,
+//   - kSwapPV (the 4-warp 8-row configuration, whose query rows 8-15 are zero): S is computed
+//     transposed, Sᵀ = K Qᵀ (the warp's 16 tile rows as M, the 8 query rows as N: one MMA per
+//     k16 step instead of two; fp8_score_partials_t stores it to the partials in S's layout,
+//     so the softmax is unchanged), and so is P V: Oᵀ += Vᵀ Pᵀ, with a 16-dim chunk as M (fragment row g: the chunk's dim 2g,
 //     row g + 8: dim 2g + 1; the same converted V registers, as A) and the 8 query rows as N
 //     (P's A fragments of rows g are Pᵀ's B fragments): half the MMAs, and o holds 32
 //     accumulators per lane instead of 64 (o[0][c] for the warp's 16-dim chunk c: query rows
