@@ -866,7 +866,6 @@ __device__ __forceinline__ void write_segment(const DecodeArgs& a, const Cursor&
         }
 }
 
-// Fmt: the cache-row format (decode/format.cuh); Tile: the tile configuration (config.cuh).
 // The CTAs per SM the kernel's registers must allow (__launch_bounds__' second argument):
 // KernelConfig::kMinCtasSm90 on sm_90 (the fp8 8-row streaming configuration: three per
 // H200 SM, log #72), one elsewhere (sm_120 holds two fp8 CTAs by shared memory, and a cap
@@ -880,6 +879,7 @@ constexpr int decode_min_ctas() {
 #endif
 }
 
+// Fmt: the cache-row format (decode/format.cuh); Tile: the tile configuration (config.cuh).
 template <typename Fmt, bool kSparse, typename Tile>
 __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<Fmt, Tile>>())
     decode_kernel(const DecodeArgs a) {
