@@ -193,6 +193,21 @@ template <typename C>
 constexpr bool kSwapPV = C::Format::kFp8 && C::kHalfM && C::kWarps == 4;
 
 // ---- phase: scores -----------------------------------------------------------------------
+// A pair of latent k16 steps (ks, ks + 1) of the warp's 16 tile rows (the lane's ldmatrix
+// row at shared address row, 8-column half col_half), converted to f16: bf[i] from matrix i,
+// r[0] = (rows 0-7, step ks), r[1] = (rows 0-7, ks + 1), r[2] = (rows 8-15, ks),
+// r[3] = (rows 8-15, ks + 1); bf[i][0] / [1] hold dims 4tq .. + 1 / 4tq + 2 .. + 3 of the
+// lane's row g. Returns the S accumulator the pair adds into (fp8_ds_mla: its scale tile).
+template <typename C>
+__device__ __forceinline__ int fp8_k_pair(uint32_t row, int kh, int ks, int col_half, uint32_t (&bf)[4][2]) {
+    using S = Fp8Split<C>;
+    uint32_t r[4];
+    ldmatrix_x4(r, row + 16 * (kh * S::kLatSteps + ks + col_half));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) e4m3x4_to_f16x2x2(r[i], bf[i][0], bf[i][1]);
+    return S::kDsMla ? ks / S::kStepsPerTile : (ks / 2) % S::kAccs;
+}
+
 // The 8-row 4-warp configuration (kSwapPV): Sᵀ = K Qᵀ, the warp's 16 tile rows as M (A
 // fragments from the same ldmatrix and conversions: rows g and g + 8, the k order permuted as
 // for the query) and the 8 query rows as N (the query's fragments a0 / a2 are Qᵀ's b0 / b1):
@@ -210,15 +225,10 @@ __device__ __forceinline__ void fp8_score_partials_t(uint32_t kv_base, const uin
     float acc[S::kAccs][4];
 #pragma unroll
     for (int i = 0; i < S::kAccs; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-    // r[0] = (rows 0-7, step ks), r[1] = (rows 0-7, ks + 1), r[2] = (rows 8-15, ks), r[3] = (rows 8-15, ks + 1)
 #pragma unroll
     for (int ks = 0; ks < S::kLatSteps; ks += 2) {
-        uint32_t r[4];
-        ldmatrix_x4(r, row + 16 * (kh * S::kLatSteps + ks + col_half));
         uint32_t bf[4][2];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) e4m3x4_to_f16x2x2(r[i], bf[i][0], bf[i][1]);
-        const int ai = S::kDsMla ? ks / S::kStepsPerTile : (ks / 2) % S::kAccs;
+        const int ai = fp8_k_pair<C>(row, kh, ks, col_half, bf);
         const uint32_t a0[4] = {bf[0][0], bf[2][0], bf[0][1], bf[2][1]};
         const uint32_t a1[4] = {bf[1][0], bf[3][0], bf[1][1], bf[3][1]};
         mma16816<__half>(acc[ai], a0, qf[ks][0], qf[ks][2]);
@@ -288,18 +298,14 @@ __device__ __forceinline__ void fp8_score_partials_t(uint32_t kv_base, const uin
 // S = Q K^T for this warp's 16 tile rows (krow: the lane's ldmatrix row, krow & ~15 the warp's
 // first) over its k range (kh), written to its S partials as score_partials does.
 template <typename T, typename C>
-__device__ __forceinline__ void fp8_score_partials(uint32_t kv_base, const uint32_t (&qf)[C::kMTiles][C::kSKSteps][4],
-                                                   const float (&rowf)[C::kMTiles][2], int krow, int kh, int col_half,
-                                                   float4* part_s, int warp, int lane) {
+__device__ __forceinline__ void fp8_score_partials_m(uint32_t kv_base, const uint32_t (&qf)[C::kMTiles][C::kSKSteps][4],
+                                                     const float (&rowf)[C::kMTiles][2], int krow, int kh, int col_half,
+                                                     float4* part_s, int warp, int lane) {
     using S = Fp8Split<C>;
     using Fmt = typename C::Format;
     constexpr int kMT = C::kMTiles;
     constexpr int RB = Fmt::kSmemRowBytes;
     const uint32_t row = kv_base + krow * RB;
-    if constexpr (kSwapPV<C>) {
-        fp8_score_partials_t<T, C>(kv_base, qf[0], rowf[0], krow, kh, col_half, part_s, warp, lane);
-        return;
-    }
     float acc[kMT][2][S::kAccs][4];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
@@ -307,17 +313,12 @@ __device__ __forceinline__ void fp8_score_partials(uint32_t kv_base, const uint3
         for (int n = 0; n < 2; ++n)
 #pragma unroll
             for (int i = 0; i < S::kAccs; ++i) acc[mt][n][i][0] = acc[mt][n][i][1] = acc[mt][n][i][2] = acc[mt][n][i][3] = 0.f;
-    // latent steps in pairs: r[0] = (n8 tile 0, step ks), r[1] = (0, ks + 1), r[2] = (1, ks),
-    // r[3] = (1, ks + 1); an odd last pair (per-tensor, 8 warps) reads the staged row's pad
-    // and drops it
+    // latent steps in pairs (fp8_k_pair: rows 0-7 are n8 tile 0, rows 8-15 tile 1); an odd
+    // last pair (per-tensor, 8 warps) reads the staged row's pad and drops it
 #pragma unroll
     for (int ks = 0; ks < S::kLatSteps; ks += 2) {
-        uint32_t r[4];
-        ldmatrix_x4(r, row + 16 * (kh * S::kLatSteps + ks + col_half));
         uint32_t bf[4][2];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) e4m3x4_to_f16x2x2(r[i], bf[i][0], bf[i][1]);
-        const int ai = S::kDsMla ? ks / S::kStepsPerTile : (ks / 2) % S::kAccs;
+        const int ai = fp8_k_pair<C>(row, kh, ks, col_half, bf);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -394,6 +395,18 @@ __device__ __forceinline__ void fp8_score_partials(uint32_t kv_base, const uint3
             }
             store_partial<C>(part_s, part_slot<C>((warp * kMT + mt) * 2 + n, lane), v);
         }
+}
+
+// S's partials by the configuration's form: transposed (kSwapPV) or with the query rows as M.
+template <typename T, typename C>
+__device__ __forceinline__ void fp8_score_partials(uint32_t kv_base, const uint32_t (&qf)[C::kMTiles][C::kSKSteps][4],
+                                                   const float (&rowf)[C::kMTiles][2], int krow, int kh, int col_half,
+                                                   float4* part_s, int warp, int lane) {
+    if constexpr (kSwapPV<C>) {
+        fp8_score_partials_t<T, C>(kv_base, qf[0], rowf[0], krow, kh, col_half, part_s, warp, lane);
+    } else {
+        fp8_score_partials_m<T, C>(kv_base, qf, rowf, krow, kh, col_half, part_s, warp, lane);
+    }
 }
 
 // ---- phase: the V scales of the softmax (fp8_ds_mla) -------------------------------------
