@@ -499,11 +499,17 @@ __device__ __forceinline__ void softmax_tile(const DecodeArgs& a, float (&s)[C::
         float alpha[2] = {1.f, 1.f};
 #pragma unroll
         for (int hf = 0; hf < C::kFragRows; ++hf) {
-            // Causal limit of query row m (dense MTP): position i of q_len sees cache rows
-            // < len - q_len + i + 1 (recomputed per tile: no registers held across the loop).
+            // Causal limit of query row qm (dense MTP): position i = qm / num_heads of q_len sees
+            // cache rows < len - q_len + i + 1 (recomputed per tile: no registers held across the
+            // loop). The fp8 one-m-tile kernels divide with the host's multiplier (heads_div: 3
+            // instructions instead of ~30 per warp and tile; log #74); the 16-bit kernels keep
+            // the division (with heads_div their code moved: dense b=64 1.2 % slower) and so does
+            // the fp8 32-row one (it would spill on sm_120).
+            const int qm = m_tile * C::kBlockM + mt * 16 + g + 8 * hf;
             const int row_lim =
                 kSparse ? 0x7fffffff
-                        : len - a.q_len + 1 + (m_tile * C::kBlockM + mt * 16 + g + 8 * hf) / a.num_heads;
+                        : len - a.q_len + 1 +
+                              (C::Format::kFp8 && kMT == 1 ? a.heads_div.div(qm) : qm / a.num_heads);
             float mx = -INFINITY;
 #pragma unroll
             for (int jn = 0; jn < 4; ++jn)
