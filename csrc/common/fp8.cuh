@@ -181,8 +181,9 @@ __device__ __forceinline__ void e4m3x4_to_f16x2x2(uint32_t v, uint32_t& lo, uint
         : "=r"(lo), "=r"(hi)
         : "r"(v));
 }
-// The same with the high half shifted out first (an extra instruction, but ptxas allocates
-// registers differently: for kernels at the register cap).
+// The same with the high half shifted out first (an extra instruction per register, but ptxas
+// allocates registers differently: the fp8 32-row kernel, at sm_120's register cap, spills
+// without it; decode/fp8_phases.cuh, fp8_pv_step).
 __device__ __forceinline__ void e4m3x4_to_f16x2x2_shifted(uint32_t v, uint32_t& lo, uint32_t& hi) {
     lo = e4m3x2_to_f16x2(static_cast<uint16_t>(v & 0xffffu));
     hi = e4m3x2_to_f16x2(static_cast<uint16_t>(v >> 16));
