@@ -811,7 +811,7 @@ __device__ __forceinline__ void write_segment(const DecodeArgs& a, const Cursor&
             }
             const int m = m_tile * C::kBlockM + mt * 16 + g + 8 * hf;
             if (m < a.m_rows) {
-                if (kSwapPV<C>) {
+                if constexpr (kSwapPV<C>) {
                     // (the rows' o is written above; the lse of row g here)
                     if (warp == 0 && tq == 0) {
                         if (whole) {

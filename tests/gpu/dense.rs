@@ -554,7 +554,7 @@ fn sanitize_dense_error_flag_reset_round_trip() {
 fn nan_past_lens<T: Half>(s: &mut DenseSetup<T>) {
     let bs = s.cache.block_size;
     let cap = (s.mbps * bs) as i64;
-    let mut read = vec![false; s.cache.num_blocks * bs];
+    let mut read = vec![false; s.cache.num_slots()];
     for b in 0..s.batch {
         let len = (s.seq_lens[b] as i64).clamp(0, cap) as usize;
         for pos in 0..len {
@@ -564,8 +564,7 @@ fn nan_past_lens<T: Half>(s: &mut DenseSetup<T>) {
     }
     for (slot, &r) in read.iter().enumerate() {
         if !r {
-            let at = (slot / bs) * s.cache.stride + (slot % bs) * 576;
-            s.cache.data[at..at + 576].fill(T::nan());
+            s.cache.row_mut(slot).fill(T::nan());
         }
     }
 }

@@ -408,7 +408,6 @@ fn sanitize_sparse_one_part_nan_past_len() {
         let mut s = random_sparse::<bf16>(&mut rng, tokens, heads, topk, 8, 16, style, true);
         let slots = s.cache.num_slots();
         let half = slots / 2;
-        let bs = s.cache.block_size;
         s.topk_len = Some(lens.clone());
         for (t, &len) in lens.iter().enumerate() {
             for e in 0..topk {
@@ -427,8 +426,7 @@ fn sanitize_sparse_one_part_nan_past_len() {
             }
         }
         for slot in half..slots {
-            let at = (slot / bs) * s.cache.stride + (slot % bs) * 576;
-            s.cache.data[at..at + 576].fill(<bf16 as Half>::nan());
+            s.cache.row_mut(slot).fill(<bf16 as Half>::nan());
         }
         let label = format!("one part tokens {tokens} topk {topk} lens {lens:?}");
         let kind = QKind::random(&mut rng);
