@@ -143,6 +143,16 @@ typedef enum {
 #define MLA_PDL_DEFAULT 5              /* MLA_PDL_ATTRIBUTE | MLA_PDL_TRIGGER_AT_LAST_TILE */
 #define MLA_PDL_OFF (-1)               /* mla_tuning_t::pdl only: no PDL */
 
+/* How a decode call cuts its 32-row tiles into split-KV parts (docs/DESIGN.md §5.3).
+ * FLAT: every part the same number of tiles, laid over all requests end to end (a part may
+ * end inside one request and go on into the next). WITHIN_REQUESTS: no part spans two
+ * requests, each request cut into near-equal parts, when that needs no part longer than the
+ * flat chunk plus a small slack and no more parts than the grid has; else flat. Only 16-bit
+ * caches at 16 or 32 query rows per CTA, with at most 128 requests and no more requests than
+ * parts, cut within requests; by default not on small steps. */
+#define MLA_SPLIT_FLAT 1
+#define MLA_SPLIT_WITHIN_REQUESTS 2
+
 /* Overrides of what mla_schedule_init chooses from the shape, for experiments and tests
  * (docs/DEVELOPING.md, "Launch knobs for experiments"). 0 in a field keeps the default;
  * a NULL mla_tuning_t* is all defaults. A value outside the listed ones makes
@@ -166,6 +176,9 @@ typedef struct {
                                 at 8 rows), else 4 */
     int32_t min_chunk;       /* >= 1: the fewest 32-row tiles a split-KV part streams. Default 1
                                 when the step has at most SMs tiles, else 2 */
+    int32_t split;           /* how the tiles are cut into parts: MLA_SPLIT_FLAT or
+                                MLA_SPLIT_WITHIN_REQUESTS. Default MLA_SPLIT_WITHIN_REQUESTS
+                                where the schedule allows it (below), else flat */
 } mla_tuning_t;
 
 /* ---- schedule: host-side launch decisions, made once per shape ------------------ */
@@ -191,6 +204,7 @@ typedef struct {
     int32_t combine_slices; /* combine CTAs per merged row's 512 dims: 1, 4 or 16; 2 where
                                the schedule merges a row per warp and 4 would take two
                                waves of combine CTAs */
+    int32_t split;          /* MLA_SPLIT_FLAT or MLA_SPLIT_WITHIN_REQUESTS */
 } mla_schedule_internal_t;
 
 /* A schedule fixes the grid of the decode kernels for one problem shape on one

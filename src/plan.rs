@@ -99,7 +99,7 @@ pub struct PlanOptions {
 /// (`csrc/mla_decode.h` documents the defaults); a value outside the listed ones makes
 /// [`DecodePlan::dense`] / [`DecodePlan::sparse`] fail with
 /// [`Error::InvalidArgument`](crate::Error::InvalidArgument). The bench translates its
-/// `MLA_WARPS`, `MLA_BLOCK_M`, `MLA_PDL`, `MLA_COMBINE_SLICES` and `MLA_MIN_CHUNK`
+/// `MLA_WARPS`, `MLA_BLOCK_M`, `MLA_PDL`, `MLA_COMBINE_SLICES`, `MLA_MIN_CHUNK` and `MLA_SPLIT`
 /// environment variables into this; the library itself reads no environment variable.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Tuning {
@@ -116,6 +116,11 @@ pub struct Tuning {
     pub combine_slices: Option<u32>,
     /// The fewest 32-row tiles a split-KV part streams, >= 1.
     pub min_chunk: Option<u32>,
+    /// How the tiles are cut into split-KV parts: `ffi::MLA_SPLIT_FLAT` (equal parts laid
+    /// over all requests end to end) or `ffi::MLA_SPLIT_WITHIN_REQUESTS` (no part spans two
+    /// requests where that fits; the default for 16-bit caches with 16 or 32 query rows per
+    /// CTA, at most 128 requests and as many parts, except on small steps; elsewhere flat).
+    pub split: Option<u32>,
 }
 
 impl Tuning {
@@ -158,6 +163,12 @@ impl Tuning {
             self.min_chunk
                 .is_none_or(|c| c >= 1 && c <= i32::MAX as u32),
             "expected at least 1 tile",
+        )?;
+        bad(
+            "tuning.split",
+            self.split
+                .is_none_or(|v| v == ffi::MLA_SPLIT_FLAT || v == ffi::MLA_SPLIT_WITHIN_REQUESTS),
+            "expected MLA_SPLIT_FLAT (1) or MLA_SPLIT_WITHIN_REQUESTS (2)",
         )
     }
 
@@ -179,6 +190,7 @@ impl Tuning {
             },
             combine_slices: field(self.combine_slices),
             min_chunk: field(self.min_chunk),
+            split: field(self.split),
         }
     }
 }
@@ -360,9 +372,10 @@ mod tests {
                 t.block_m,
                 t.pdl,
                 t.combine_slices,
-                t.min_chunk
+                t.min_chunk,
+                t.split
             ],
-            [0; 6]
+            [0; 7]
         );
         assert_eq!(Tuning::default().to_ffi(true).sm120_occupancy, 1);
         assert_eq!(Tuning::default().check(), Ok(()));
@@ -376,12 +389,20 @@ mod tests {
             pdl: Some(0),
             combine_slices: Some(4),
             min_chunk: Some(3),
+            split: Some(ffi::MLA_SPLIT_FLAT),
         };
         assert_eq!(t.check(), Ok(()));
         let f = t.to_ffi(false);
         assert_eq!(
-            [f.warps, f.block_m, f.pdl, f.combine_slices, f.min_chunk],
-            [8, 32, ffi::MLA_PDL_OFF, 4, 3]
+            [
+                f.warps,
+                f.block_m,
+                f.pdl,
+                f.combine_slices,
+                f.min_chunk,
+                f.split
+            ],
+            [8, 32, ffi::MLA_PDL_OFF, 4, 3, ffi::MLA_SPLIT_FLAT as i32]
         );
         let pdl = Tuning {
             pdl: Some(ffi::MLA_PDL_DEFAULT),
@@ -413,6 +434,10 @@ mod tests {
             },
             Tuning {
                 min_chunk: Some(0),
+                ..Tuning::default()
+            },
+            Tuning {
+                split: Some(3),
                 ..Tuning::default()
             },
         ];

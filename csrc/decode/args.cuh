@@ -52,6 +52,11 @@ struct DecodeArgs {
     FastDiv closed_chunk;  // split_chunk(batch * tiles_of(max_len), ...)
     int32_t closed_total;
     const float* kv_scale;  // MLA_KV_FP8: the tensor scale (device pointer); else NULL
+    // Parts within requests (MLA_SPLIT_WITHIN_REQUESTS, decode/split.cuh): whether, and in the
+    // closed form the parts per request (d = 0: flat after all). Last, so that the kernels
+    // without the rule keep their parameter offsets.
+    int32_t split_within;
+    FastDiv closed_n;
 };
 
 // Query row m of request b: the token index and head.

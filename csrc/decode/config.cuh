@@ -163,6 +163,13 @@ auto with_config(int warps, int block_m, F&& f) {
     return f(Cfg{});
 }
 
+// Whether the decode kernel of row format Fmt and configuration C is also instantiated with
+// parts within requests (MLA_SPLIT_WITHIN_REQUESTS, decode/split.cuh): 16-bit caches at 16
+// and 32 query rows per CTA (log #75: their many-head steps gain 2-6 %; the fp8_ds_mla
+// kernels with that code measured 1-5 % slower, and the 8-row streaming steps nothing).
+template <typename Fmt, typename C>
+constexpr bool kWithinKernel = !C::kHalfM && !Fmt::kFp8;
+
 // Calls f(C{}) for every configuration with_config can pick: the list of instantiations (the
 // decode kernel is instantiated for each, per element type and dense/sparse).
 template <typename F>

@@ -55,6 +55,10 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& a, cudaStre
     const mla_schedule_internal_t& in = s->internal;
     MLA_CUDA_TRY(with_config(in.warps, in.block_m, [&](auto c) {
         using C = decltype(c);
+        if constexpr (kWithinKernel<Fmt, C>) {
+            if (a.split_within)
+                return launch_pdl(decode_kernel<Fmt, kSparse, C, true>, grid, C::kThreads, s->smem_bytes, st, in.pdl, a);
+        }
         return launch_pdl(decode_kernel<Fmt, kSparse, C>, grid, C::kThreads, s->smem_bytes, st, in.pdl, a);
     }));
     // One part: no request is split, whatever the lengths: nothing to merge.
@@ -79,6 +83,8 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
                   (in.block_m == 8 || in.block_m == 16 || (in.block_m == 32 && in.warps == 8)),
               "s.internal: warps %d, block_m %d is not a configuration", in.warps, in.block_m);
     MLA_CHECK((in.pdl & ~MLA_PDL_ALL) == 0, "s.internal.pdl: %d", in.pdl);
+    MLA_CHECK(in.split == MLA_SPLIT_FLAT || (in.split == MLA_SPLIT_WITHIN_REQUESTS && within_allowed(s)),
+              "s.internal.split: %d", in.split);
     const int need_smem = with_row_format(fmt, [&](auto f) {
         return with_config(in.warps, in.block_m,
                            [](auto c) { return KernelConfig<decltype(f), decltype(c)>::kSmemBytes; });
@@ -211,9 +217,14 @@ template <typename Fmt, bool kSparse>
 cudaError_t set_smem_attr(int bytes) {
     cudaError_t e = cudaSuccess;
     for_each_config([&](auto c) {
+        using C = decltype(c);
         if (e == cudaSuccess)
-            e = cudaFuncSetAttribute(decode_kernel<Fmt, kSparse, decltype(c)>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     bytes);
+            e = cudaFuncSetAttribute(decode_kernel<Fmt, kSparse, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+        if constexpr (kWithinKernel<Fmt, C>) {
+            if (e == cudaSuccess)
+                e = cudaFuncSetAttribute(decode_kernel<Fmt, kSparse, C, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         bytes);
+        }
     });
     return e;
 }
@@ -278,6 +289,7 @@ extern "C" mla_status_t mla_dense_decode(const mla_schedule_t* s, const mla_dens
     a.table_stride = static_cast<int32_t>(p->batch == 1 ? 0 : p->block_table_stride);
     a.table_cols = p->max_blocks_per_seq;
     a.combine_rows = combine_rows(s);
+    a.split_within = s->internal.split == MLA_SPLIT_WITHIN_REQUESTS ? 1 : 0;
     prepare_split(a);
     return launch<false>(s, a, p->dtype, p->kv_format, stream);
 }
@@ -305,6 +317,7 @@ extern "C" mla_status_t mla_sparse_decode(const mla_schedule_t* s, const mla_spa
     a.table_stride = static_cast<int32_t>(p->num_tokens == 1 ? 0 : p->indices_stride);
     a.table_cols = p->topk;
     a.combine_rows = combine_rows(s);
+    a.split_within = s->internal.split == MLA_SPLIT_WITHIN_REQUESTS ? 1 : 0;
     prepare_split(a);
     return launch<true>(s, a, p->dtype, p->kv_format, stream);
 }

@@ -885,8 +885,10 @@ constexpr int decode_min_ctas() {
 #endif
 }
 
-// Fmt: the cache-row format (decode/format.cuh); Tile: the tile configuration (config.cuh).
-template <typename Fmt, bool kSparse, typename Tile>
+// Fmt: the cache-row format (decode/format.cuh); Tile: the tile configuration (config.cuh);
+// kWithin: parts within requests (MLA_SPLIT_WITHIN_REQUESTS, decode/split.cuh), a separate
+// instantiation so that the flat kernels' code stays as it was (log #75).
+template <typename Fmt, bool kSparse, typename Tile, bool kWithin = false>
 __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<Fmt, Tile>>())
     decode_kernel(const DecodeArgs a) {
     using C = KernelConfig<Fmt, Tile>;
@@ -903,7 +905,7 @@ __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<F
     const int part = blockIdx.y;
     // This part's tiles [lo, hi) and its first request and tile, from the lengths.
     const PartPos pp =
-        find_part<C::kThreads>(a, lens, part, a.check_lens && blockIdx.x == 0 && blockIdx.y == 0, sm.scratch());
+        find_part<C::kThreads, kWithin>(a, lens, part, a.check_lens && blockIdx.x == 0 && blockIdx.y == 0, sm.scratch());
     MLA_TRACE_AT(kTraceDecode, kTracePartFound);
     if (pp.lo >= pp.total) return;
     const int lo = pp.lo, hi = pp.hi, first_req = pp.first_req, first_j = pp.first_j;

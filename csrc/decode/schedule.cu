@@ -64,6 +64,9 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
                   tune.combine_slices == 16,
               "tuning.combine_slices: %d, must be 0, 1, 4 or 16", tune.combine_slices);
     MLA_CHECK(tune.min_chunk >= 0, "tuning.min_chunk: %d, must be >= 0", tune.min_chunk);
+    MLA_CHECK(tune.split == 0 || tune.split == MLA_SPLIT_FLAT || tune.split == MLA_SPLIT_WITHIN_REQUESTS,
+              "tuning.split: %d, must be 0, MLA_SPLIT_FLAT (%d) or MLA_SPLIT_WITHIN_REQUESTS (%d)", tune.split,
+              MLA_SPLIT_FLAT, MLA_SPLIT_WITHIN_REQUESTS);
     // the split counts 32-row tiles of all requests (at max_len) in int32
     const int64_t all_tiles = static_cast<int64_t>(batch) * ((static_cast<int64_t>(max_len) + Cfg::kBlockN - 1) / Cfg::kBlockN);
     MLA_CHECK(all_tiles <= 0x7fffffffLL, "shape: batch * ceil(max_len / 32) = %lld exceeds INT32_MAX",
@@ -160,6 +163,14 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     // kMinChunkTiles.
     in.min_chunk = tune.min_chunk != 0 ? tune.min_chunk : (one_tile_parts ? 1 : kMinChunkTiles);
     in.combine_slices = tune.combine_slices != 0 ? tune.combine_slices : combine_slices(s);
+    // Parts within requests (decode/split.cuh) where the kernels allow it (within_allowed: 16-bit
+    // caches, 16 or 32 query rows per CTA, batch <= parts), by default on all but small steps
+    // (whose parts are of one or two tiles: a request boundary costs them nothing extra); on
+    // small steps too when asked (tests). The kernels still fall back to the flat split per
+    // call when the lengths need more parts than the grid has.
+    const bool within_ok = within_allowed(s);
+    const bool within = tune.split == MLA_SPLIT_WITHIN_REQUESTS ? within_ok : (tune.split == 0 && within_ok && !small);
+    in.split = within ? MLA_SPLIT_WITHIN_REQUESTS : MLA_SPLIT_FLAT;
     return MLA_STATUS_OK;
 }
 

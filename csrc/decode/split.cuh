@@ -8,6 +8,11 @@
 //     requests' tiles are laid end to end and each of num_parts parts gets `chunk`
 //     consecutive tiles, so one part may cover the end of one request and the start of the
 //     next. There is no plan buffer: every CTA derives its part from the lengths (find_part).
+//     Within requests (MLA_SPLIT_WITHIN_REQUESTS, the default where it fits): each request
+//     gets its own near-equal parts instead, when that takes no part longer than the chunk
+//     plus a little slack and no more parts than the grid has (a part that crosses a request
+//     boundary restarts the query and writes one more piece: ~1 tile, docs/PERFORMANCE.md
+//     log #75).
 //   - CTA (m_tile, part) runs the query rows [kBlockM*m_tile, +kBlockM) of every request
 //     its part touches (kBlockM = 16, or 32 in the many-head configuration), streaming the
 //     tiles through a cp.async double buffer with two tiles in flight. A request
@@ -47,6 +52,44 @@ __host__ __device__ __forceinline__ int split_chunk(int total, const FastDiv& pa
     const int chunk = q + (total != q * parts.d ? 1 : 0);  // no total + parts overflow
     return chunk > min_chunk ? chunk : min_chunk;
 }
+// ---- within requests (MLA_SPLIT_WITHIN_REQUESTS) ----------------------------------------
+// Request b's tiles(b) = t tiles in n = ceil(t / c) parts, part i its tiles
+// [within_lo(i), within_lo(i + 1)) (the first t % n parts one tile more), for the first c of {chunk,
+// within_chunk(chunk)} with sum_b ceil(tiles(b) / c) <= num_parts; if neither fits, the flat
+// split. Parts are numbered in request order (request b's first is the sum of n over the
+// requests before it); the parts after the last one have no tiles. The host allows it for at
+// most kWithinMaxBatch requests (one scan in every CTA of either kernel) and parts + batch
+// < 2^15 (the two candidates' counts share one 32-bit scan).
+constexpr int kWithinMaxBatch = 128;
+constexpr int kWithinMaxParts = 1 << 15;
+// The longest part the split within requests accepts: the flat chunk plus about one tile
+// (what a crossing costs) when parts are long enough that one tile is <= ~6 % of them.
+__host__ __device__ __forceinline__ int within_chunk(int chunk) {
+    return chunk + (chunk >= 16 ? (chunk >= 80 ? chunk / 40 : 1) : 0);
+}
+__host__ __device__ __forceinline__ int ceil_div_pos(int x, int d) {  // x, d >= 1
+    return static_cast<int>(static_cast<uint32_t>(x - 1) / static_cast<uint32_t>(d)) + 1;
+}
+// First tile, within its request of t = q n + r tiles in n parts, of part i (0 <= i <= n):
+// parts 0..r-1 have q + 1 tiles, the others q.
+__host__ __device__ __forceinline__ int within_lo(int i, int q, int r) { return i * q + (i < r ? i : r); }
+// The pick from both candidates' counts (packed: c0 in the low 16 bits, c1 in the high; incl:
+// the inclusive prefix of this request's pair, sum: the total pair): false where neither fits
+// num_parts (flat), else this request's parts (*n) and first part (*first) and the parts used.
+__device__ __forceinline__ bool within_pick(int pair, int incl, int sum, int parts, int* n, int* first, int* used) {
+    const int s0 = sum & 0xffff, s1 = static_cast<int>(static_cast<uint32_t>(sum) >> 16);
+    const int c = s0 <= parts ? 0 : (s1 <= parts ? 16 : -1);
+    if (c < 0) return false;
+    *n = (pair >> c) & 0xffff;
+    *first = ((incl >> c) & 0xffff) - *n;
+    *used = c == 0 ? s0 : s1;
+    return true;
+}
+// The pair of counts of a request of t tiles (valid) for within_pick.
+__device__ __forceinline__ int within_pair(bool valid, int t, int chunk) {
+    return valid ? ceil_div_pos(t, chunk) | (ceil_div_pos(t, within_chunk(chunk)) << 16) : 0;
+}
+
 // First tile of `part` (int64: part * chunk may pass INT_MAX), or total if it has none.
 __device__ __forceinline__ int part_lo(int part, int chunk, int total) {
     const int64_t lo = static_cast<int64_t>(part) * chunk;
@@ -148,16 +191,31 @@ struct PartPos {
 struct PartScratch {
     static constexpr int kFirstReq = 32;   // the part's first request
     static constexpr int kFirstTile = 33;  // its first tile within that request
-    static constexpr int kInts = 34;
+    static constexpr int kEndTile = 34;    // within requests: the tile after its last one, there
+    static constexpr int kReqStart = 35;   // within requests: that request's first tile in the step
+    static constexpr int kInts = 36;
 };
 
-template <int kThreads>
+// kWithin: the kernel of a schedule whose parts lie within requests where they fit
+// (a.split_within; the other kernels do not carry that code).
+template <int kThreads, bool kWithin = false>
 __device__ __forceinline__ PartPos find_part(const DecodeArgs& a, const Lens& lens, int part, bool record,
                                              int* scratch) {
     PartPos p;
     int chunk;
     if (lens.p == nullptr) {  // everything but the part's position was computed on the host
         p.total = a.closed_total;
+        if (kWithin && a.closed_n.d > 0) {  // within requests: closed_n parts per request
+            const int n = a.closed_n.d, t = a.closed_tiles.d;
+            const int q = a.closed_n.div(t), r = t - q * n;
+            p.first_req = a.closed_n.div(part);
+            const int i = part - p.first_req * n;
+            p.first_j = within_lo(i, q, r);
+            const int start = p.first_req * t;  // <= total when first_req <= batch
+            p.lo = p.first_req < a.batch ? start + p.first_j : p.total;
+            p.hi = p.first_req < a.batch ? p.lo + q + (i < r ? 1 : 0) : p.total;
+            return p;
+        }
         p.lo = part_lo(part, a.closed_chunk.d, p.total);
         p.first_req = a.closed_tiles.div(p.lo);
         p.first_j = p.lo - p.first_req * a.closed_tiles.d;
@@ -168,6 +226,33 @@ __device__ __forceinline__ PartPos find_part(const DecodeArgs& a, const Lens& le
         const int t = b < a.batch ? lens.tiles_checked(b, record, a.check_lens, a.flag) : 0;
         const int incl = block_inclusive_sum<kThreads>(t, scratch, &p.total);
         chunk = split_chunk(p.total, a.parts_div, a.min_chunk);
+        if (kWithin) {
+            const int pair = within_pair(b < a.batch, t, chunk);
+            int psum, n = 0, f = 0, used = 0;
+            const int pincl = block_inclusive_sum<kThreads>(pair, scratch, &psum);
+            if (within_pick(pair, pincl, psum, a.num_parts, &n, &f, &used)) {  // uniform
+                if (part >= used) {  // no tiles
+                    p.lo = p.hi = p.total;
+                    p.first_req = p.first_j = 0;
+                    return p;
+                }
+                if (b < a.batch && f <= part && part < f + n) {
+                    const int q = static_cast<int>(static_cast<uint32_t>(t) / static_cast<uint32_t>(n));
+                    const int r = t - q * n, i = part - f, j = within_lo(i, q, r);
+                    scratch[PartScratch::kFirstReq] = b;
+                    scratch[PartScratch::kFirstTile] = j;
+                    scratch[PartScratch::kEndTile] = j + q + (i < r ? 1 : 0);
+                    scratch[PartScratch::kReqStart] = incl - t;
+                }
+                __syncthreads();
+                p.first_req = scratch[PartScratch::kFirstReq];
+                p.first_j = scratch[PartScratch::kFirstTile];
+                p.lo = scratch[PartScratch::kReqStart] + p.first_j;
+                p.hi = p.lo + scratch[PartScratch::kEndTile] - p.first_j;
+                __syncthreads();  // the caller reuses scratch
+                return p;
+            }
+        }
         p.lo = part_lo(part, chunk, p.total);
         if (b < a.batch && incl - t <= p.lo && p.lo < incl) {
             scratch[PartScratch::kFirstReq] = b;
@@ -266,12 +351,33 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
         return listed;
     };
     auto set_n_long = [&](int n) { *n_long = n < kMaxLong ? n : kMaxLong; };
+    // Request b's first and last part and its tail bit (tiles [start, start + t)): the flat
+    // split, or closed_n parts per request in the closed form within requests.
+    auto bounds = [&](int b, int start, int t, int chunk, int& first, int& last, int& tail) {
+        if (lens.p == nullptr && a.closed_n.d > 0) {
+            first = b * a.closed_n.d;
+            last = first + a.closed_n.d - 1;
+            tail = 0;
+            return;
+        }
+        first = part_of(start, chunk);
+        last = part_of(start + t - 1, chunk);
+        tail = start != first * chunk ? 1 : 0;
+    };
+    // Within requests with lengths (batch <= kWithinMaxBatch): the request's own parts from
+    // the scanned pair of counts (pair, its inclusive prefix, the total), unless neither fits.
+    auto within = [&](int pair, int pincl, int psum, int& first, int& last, int& tail) {
+        int n, f, used;
+        if (within_pick(pair, pincl, psum, a.num_parts, &n, &f, &used)) {
+            first = f;
+            last = f + n - 1;
+            tail = 0;
+        }
+    };
     // count: split requests before this pass; with kLong in its low 16 bits (at most kThreads
     // per pass), the long ones in its high bits, both from one scan
-    auto check = [&](bool valid, int b, int start, int t, int chunk, int& count) {
-        const int first = part_of(start, chunk), last = part_of(start + t - 1, chunk);
+    auto check = [&](bool valid, int b, int first, int last, int tail, int& count) {
         const int split = valid && first != last ? 1 : 0;
-        const int tail = start != first * chunk ? 1 : 0;
         int n, idx, listed = 0;
         if constexpr (kLong) {
             int min_pieces = long_min(0);
@@ -312,11 +418,21 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
             const int total = __shfl_sync(0xffffffffu, incl, 31);
             const int chunk = lens.p == nullptr ? a.closed_chunk.d : split_chunk(total, a.parts_div, a.min_chunk);
             const int start = incl - t;
-            const int first = part_of(start, chunk), last = part_of(start + t - 1, chunk);
+            int first, last, tail;
+            bounds(b, start, t, chunk, first, last, tail);
+            if (a.split_within && lens.p != nullptr) {
+                const int pair = within_pair(valid, t, chunk);
+                int pincl = pair;
+#pragma unroll
+                for (int d = 1; d < 32; d <<= 1) {
+                    const int u = __shfl_up_sync(0xffffffffu, pincl, d);
+                    if (b >= d) pincl += u;
+                }
+                within(pair, pincl, __shfl_sync(0xffffffffu, pincl, 31), first, last, tail);
+            }
             const bool split = valid && first != last;
             const uint32_t before = (1u << b) - 1u;
             const int idx = __popc(__ballot_sync(0xffffffffu, split) & before);
-            const int tail = start != first * chunk ? 1 : 0;
             int listed = 0;
             if constexpr (kLong) {
                 int min_pieces = long_min(0);
@@ -340,20 +456,33 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
         int total;
         const int incl = block_inclusive_sum<kThreads>(t, scratch, &total);
         const int chunk = lens.p == nullptr ? a.closed_chunk.d : split_chunk(total, a.parts_div, a.min_chunk);
-        return done(__syncthreads_or(check(valid, b, incl - t, t, chunk, count)));
+        int first, last, tail;
+        bounds(b, incl - t, t, chunk, first, last, tail);
+        if (a.split_within && lens.p != nullptr) {  // scratch is free again after the scan
+            const int pair = within_pair(valid, t, chunk);
+            int psum;
+            const int pincl = block_inclusive_sum<kThreads>(pair, scratch, &psum);
+            within(pair, pincl, psum, first, last, tail);
+        }
+        return done(__syncthreads_or(check(valid, b, first, last, tail, count)));
     }
     const int chunk = lens.p == nullptr ? a.closed_chunk.d
                                         : split_chunk(total_tiles<kThreads>(a, lens, false, scratch), a.parts_div, a.min_chunk);
     if constexpr (kLong) {  // every request: the long ones may come after the k-th split
         bool any = false;
         scan_requests<kThreads>(a, lens, scratch, [&](bool valid, int b, int start, int t) {
-            any |= check(valid, b, start, t, chunk, count);
+            int first, last, tail;
+            bounds(b, start, t, chunk, first, last, tail);
+            any |= check(valid, b, first, last, tail, count);
             return false;
         });
         return done(__syncthreads_or(any));
     }
+    // (more than kThreads requests: never split within requests with lengths, kWithinMaxBatch)
     return scan_requests<kThreads>(a, lens, scratch, [&](bool valid, int b, int start, int t) {
-        return check(valid, b, start, t, chunk, count);
+        int first, last, tail;
+        bounds(b, start, t, chunk, first, last, tail);
+        return check(valid, b, first, last, tail, count);
     });
 }
 
@@ -441,8 +570,19 @@ inline bool combine_deep_batch(const mla_schedule_t* s) {
 inline bool combine_deals(const DecodeArgs& a) {
     if (a.lens != nullptr) return true;
     if (a.combine_rows == 1) return false;
+    if (a.closed_n.d > 0) return a.closed_n.d > kLongPieces;  // within requests: closed_n pieces each
     const int64_t t = a.closed_tiles.d, chunk = a.closed_chunk.d;
     return (chunk + t - 2) / chunk >= kLongPieces;  // most part boundaries inside one request
+}
+
+// Whether a schedule may cut its parts within requests (MLA_SPLIT_WITHIN_REQUESTS): a decode
+// kernel with that code exists for its configuration (config.cuh, kWithinKernel: 16-bit
+// caches, 16 or 32 query rows per CTA), every request can have a part (batch <= parts: else
+// the kernels would always fall back to the flat split), and the kernels' limits hold.
+inline bool within_allowed(const mla_schedule_t* s) {
+    const bool fp8 = s->kv_format == MLA_KV_FP8_DS_MLA || s->kv_format == MLA_KV_FP8;
+    return !fp8 && s->internal.block_m != 8 && s->batch <= kWithinMaxBatch && s->batch <= s->num_parts &&
+           s->num_parts + s->batch < kWithinMaxParts;
 }
 
 // The kernels' divisors, on the host (DecodeArgs::parts_div, heads_div, closed_*).
@@ -453,6 +593,19 @@ inline void prepare_split(DecodeArgs& a) {
     // batch * tiles <= INT32_MAX (mla_schedule_init checks it)
     a.closed_total = static_cast<int32_t>(static_cast<int64_t>(a.batch) * a.closed_tiles.d);
     a.closed_chunk = FastDiv::make(split_chunk(a.closed_total, a.parts_div, a.min_chunk));
+    // Within requests in the closed form: n parts per request for the first candidate chunk
+    // whose batch * n parts fit (the kernels' rule with equal lengths), else flat (d = 0).
+    a.closed_n = FastDiv{0, 0, 0};
+    if (a.split_within) {
+        const int t = a.closed_tiles.d, chunk = a.closed_chunk.d;
+        for (const int c : {chunk, within_chunk(chunk)}) {
+            const int n = ceil_div_pos(t, c);
+            if (static_cast<int64_t>(a.batch) * n <= a.num_parts) {
+                a.closed_n = FastDiv::make(n);
+                break;
+            }
+        }
+    }
 }
 
 }  // namespace mla

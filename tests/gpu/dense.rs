@@ -319,6 +319,65 @@ fn dense_one_long_request_among_short_ones() {
     }
 }
 
+/// Both split rules (docs/DESIGN.md §5.3) on steps where parts within requests fit, at the
+/// flat chunk or one tile above it, and where they do not (flat either way): equal and mixed
+/// lengths with empty requests, 12 to 64 query rows per request, both dtypes, each with the
+/// rule forced flat, forced within requests (small steps too) and by default.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dense_split_within_requests_and_flat() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("dense_split_within_requests_and_flat");
+    // (batch, heads, q_len, lengths: None = random 0..=max, Some(l) = all l)
+    // (the rule applies to 16 and 32 query rows per CTA: more than 8 per request)
+    for (i, (batch, heads, q_len, max, equal)) in [
+        (64usize, 16usize, 1usize, 2000usize, true),
+        (64, 64, 1, 1000, true),
+        (48, 8, 2, 2900, true),
+        (20, 16, 1, 3000, false),
+        (8, 64, 1, 4000, false),
+        (100, 12, 1, 1200, false),
+        (128, 16, 1, 900, false),
+        (3, 32, 1, 5000, false),
+        (32, 16, 4, 1500, true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let bs = rng.pick(&[16usize, 32, 64, 128]);
+        let seq_lens: Vec<i32> = (0..batch)
+            .map(|_| match (equal, rng.below(8)) {
+                (true, _) => max as i32,
+                (false, 0) => 0,
+                (false, _) => rng.range(1, max + 1) as i32,
+            })
+            .collect();
+        let spec = DenseSpec {
+            q_len,
+            heads,
+            block_size: bs,
+            max_blocks_per_seq: max.div_ceil(bs),
+            table_pad: rng.below(3),
+            block_pad: 8 * rng.below(2),
+            spare_blocks: 2,
+            junk_unused: true,
+            seq_lens,
+            scale: rng.softmax_scale(),
+        };
+        let dtype = [DType::Bf16, DType::F16][i % 2];
+        for split in [
+            Some(mla_decode::ffi::MLA_SPLIT_FLAT),
+            Some(mla_decode::ffi::MLA_SPLIT_WITHIN_REQUESTS),
+            None,
+        ] {
+            let mut options = plan_options(i % 3 == 2);
+            options.tuning.split = split;
+            let label = format!("split {split:?}: batch {batch} heads {heads} q_len {q_len} bs {bs} max {max} equal {equal}");
+            with_dtype!(dtype, T => check_dense::<T>(&label, &mut rng, &stream, &spec, options));
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Inputs the host cannot check: bad block ids, bad seq_lens, the error flag
 
@@ -366,6 +425,25 @@ fn sanitize_dense_small_random() {
         let lens = (0..3).map(|_| rng.range(0, 80) as i32).collect();
         let spec = small_spec(lens, &mut rng);
         check_dense_in(dtype, "sanitize small", &mut rng, &stream, &spec);
+    }
+}
+
+/// A small step with parts forced within requests (12 query rows per request: the 16-row
+/// kernels that carry the rule), both dtypes: the memcheck/racecheck case of that split.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sanitize_dense_small_split_within() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("sanitize_dense_small_split_within");
+    for dtype in [DType::F16, DType::Bf16] {
+        let lens = (0..4).map(|_| rng.range(0, 80) as i32).collect();
+        let spec = DenseSpec {
+            heads: 6,
+            ..small_spec(lens, &mut rng)
+        };
+        let mut options = plan_options(false);
+        options.tuning.split = Some(mla_decode::ffi::MLA_SPLIT_WITHIN_REQUESTS);
+        with_dtype!(dtype, T => check_dense::<T>("sanitize small within", &mut rng, &stream, &spec, options));
     }
 }
 

@@ -224,6 +224,50 @@ fn sparse_one_long_token_among_short_ones() {
     }
 }
 
+/// Both split rules on sparse steps (docs/DESIGN.md §5.3): with and without topk_len (the
+/// closed form), token counts and top-k whose parts fit within tokens and ones that do not,
+/// each with the rule forced flat, forced within requests and by default.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sparse_split_within_requests_and_flat() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("sparse_split_within_requests_and_flat");
+    let style = RowStyle {
+        hole: 0.05,
+        bad: 0.0,
+    };
+    // (tokens, heads, topk, with topk_len)
+    // (the rule applies to 16 and 32 query rows per CTA: more than 8 heads)
+    for (i, (tokens, heads, topk, with_len)) in [
+        (128usize, 16usize, 2048usize, false),
+        (64, 32, 2048, true),
+        (64, 64, 1024, false),
+        (96, 16, 1500, true),
+        (40, 12, 4096, true),
+        (130, 16, 1000, false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let bs = rng.pick(&mla_decode::BLOCK_SIZES);
+        let blocks = 8192 / bs + rng.below(8);
+        let dtype = [DType::Bf16, DType::F16][i % 2];
+        for split in [
+            Some(mla_decode::ffi::MLA_SPLIT_FLAT),
+            Some(mla_decode::ffi::MLA_SPLIT_WITHIN_REQUESTS),
+            None,
+        ] {
+            let mut options = plan_options(i % 3 == 1);
+            options.tuning.split = split;
+            let label = format!("split {split:?}: tokens {tokens} heads {heads} topk {topk} bs {bs} topk_len {with_len}");
+            with_dtype!(dtype, T => {
+                let s = random_sparse::<T>(&mut rng, tokens, heads, topk, blocks, bs, style, with_len);
+                check_problem(&label, &mut rng, &stream, &s, options);
+            });
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Inputs the host cannot check
 
@@ -437,5 +481,30 @@ fn sanitize_sparse_one_part_nan_past_len() {
         assert!(want.faults.is_empty(), "{label}");
         check_flag(&label, got.flag, &want.faults);
         check_outputs(&label, &got, &want, &all);
+    }
+}
+
+/// A small sparse step with parts forced within tokens (16 heads: the 16-row kernels that
+/// carry the rule), with and without topk_len: the memcheck/racecheck case of that split.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sanitize_sparse_small_split_within() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("sanitize_sparse_small_split_within");
+    let style = RowStyle {
+        hole: 0.05,
+        bad: 0.0,
+    };
+    for with_len in [true, false] {
+        let s = random_sparse::<bf16>(&mut rng, 6, 16, 200, 8, 16, style, with_len);
+        let mut options = plan_options(false);
+        options.tuning.split = Some(mla_decode::ffi::MLA_SPLIT_WITHIN_REQUESTS);
+        check_problem(
+            "sanitize sparse small within",
+            &mut rng,
+            &stream,
+            &s,
+            options,
+        );
     }
 }
