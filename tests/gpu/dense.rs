@@ -365,14 +365,8 @@ fn dense_split_within_requests_and_flat() {
             scale: rng.softmax_scale(),
         };
         let dtype = [DType::Bf16, DType::F16][i % 2];
-        for split in [
-            Some(mla_decode::ffi::MLA_SPLIT_FLAT),
-            Some(mla_decode::ffi::MLA_SPLIT_WITHIN_REQUESTS),
-            None,
-        ] {
-            let mut options = plan_options(i % 3 == 2);
-            options.tuning.split = split;
-            let label = format!("split {split:?}: batch {batch} heads {heads} q_len {q_len} bs {bs} max {max} equal {equal}");
+        for (split, options) in split_rule_options(i % 3 == 2) {
+            let label = format!("split {split}: batch {batch} heads {heads} q_len {q_len} bs {bs} max {max} equal {equal}");
             with_dtype!(dtype, T => check_dense::<T>(&label, &mut rng, &stream, &spec, options));
         }
     }

@@ -252,14 +252,8 @@ fn sparse_split_within_requests_and_flat() {
         let bs = rng.pick(&mla_decode::BLOCK_SIZES);
         let blocks = 8192 / bs + rng.below(8);
         let dtype = [DType::Bf16, DType::F16][i % 2];
-        for split in [
-            Some(mla_decode::ffi::MLA_SPLIT_FLAT),
-            Some(mla_decode::ffi::MLA_SPLIT_WITHIN_REQUESTS),
-            None,
-        ] {
-            let mut options = plan_options(i % 3 == 1);
-            options.tuning.split = split;
-            let label = format!("split {split:?}: tokens {tokens} heads {heads} topk {topk} bs {bs} topk_len {with_len}");
+        for (split, options) in split_rule_options(i % 3 == 1) {
+            let label = format!("split {split}: tokens {tokens} heads {heads} topk {topk} bs {bs} topk_len {with_len}");
             with_dtype!(dtype, T => {
                 let s = random_sparse::<T>(&mut rng, tokens, heads, topk, blocks, bs, style, with_len);
                 check_problem(&label, &mut rng, &stream, &s, options);

@@ -79,6 +79,21 @@ pub fn plan_options(sm120_occupancy: bool) -> PlanOptions {
     }
 }
 
+/// [`plan_options`] with each split rule (docs/DESIGN.md §5.3), named: forced flat, forced
+/// within requests (where the schedule allows it), and the schedule's choice.
+pub fn split_rule_options(sm120_occupancy: bool) -> [(&'static str, PlanOptions); 3] {
+    [
+        ("flat", Some(mla_decode::ffi::MLA_SPLIT_FLAT)),
+        ("within", Some(mla_decode::ffi::MLA_SPLIT_WITHIN_REQUESTS)),
+        ("default", None),
+    ]
+    .map(|(name, split)| {
+        let mut options = plan_options(sm120_occupancy);
+        options.tuning.split = split;
+        (name, options)
+    })
+}
+
 // ---------------------------------------------------------------------------------------------
 // The device
 
