@@ -8,11 +8,11 @@
 //     requests' tiles are laid end to end and each of num_parts parts gets `chunk`
 //     consecutive tiles, so one part may cover the end of one request and the start of the
 //     next. There is no plan buffer: every CTA derives its part from the lengths (find_part).
-//     Within requests (MLA_SPLIT_WITHIN_REQUESTS, the default where it fits): each request
-//     gets its own near-equal parts instead, when that takes no part longer than the chunk
-//     plus a little slack and no more parts than the grid has (a part that crosses a request
-//     boundary restarts the query and writes one more piece: ~1 tile, docs/PERFORMANCE.md
-//     log #75).
+//     Within requests (MLA_SPLIT_WITHIN_REQUESTS; the default for 16-bit caches at 16 or 32
+//     query rows per CTA, config.cuh kWithinKernel): each request gets its own near-equal
+//     parts instead, when that takes no part longer than the chunk plus a little slack and
+//     no more parts than the grid has (many-head steps whose requests then do not split at
+//     all gain 2-6 %: docs/PERFORMANCE.md log #75).
 //   - CTA (m_tile, part) runs the query rows [kBlockM*m_tile, +kBlockM) of every request
 //     its part touches (kBlockM = 16, or 32 in the many-head configuration), streaming the
 //     tiles through a cp.async double buffer with two tiles in flight. A request
@@ -62,8 +62,8 @@ __host__ __device__ __forceinline__ int split_chunk(int total, const FastDiv& pa
 // < 2^15 (the two candidates' counts share one 32-bit scan).
 constexpr int kWithinMaxBatch = 128;
 constexpr int kWithinMaxParts = 1 << 15;
-// The longest part the split within requests accepts: the flat chunk plus about one tile
-// (what a crossing costs) when parts are long enough that one tile is <= ~6 % of them.
+// The longest part the split within requests accepts: the flat chunk plus one tile when parts
+// are long enough that a tile is <= ~6 % of them (2.5 % from 80 tiles).
 __host__ __device__ __forceinline__ int within_chunk(int chunk) {
     return chunk + (chunk >= 16 ? (chunk >= 80 ? chunk / 40 : 1) : 0);
 }
