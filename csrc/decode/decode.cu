@@ -288,9 +288,7 @@ extern "C" mla_status_t mla_dense_decode(const mla_schedule_t* s, const mla_dens
     a.table = p->block_table;
     a.table_stride = static_cast<int32_t>(p->batch == 1 ? 0 : p->block_table_stride);
     a.table_cols = p->max_blocks_per_seq;
-    a.combine_rows = combine_rows(s);
-    a.split_within = s->internal.split == MLA_SPLIT_WITHIN_REQUESTS ? 1 : 0;
-    prepare_split(a);
+    prepare_split(s, a);
     return launch<false>(s, a, p->dtype, p->kv_format, stream);
 }
 
@@ -316,9 +314,7 @@ extern "C" mla_status_t mla_sparse_decode(const mla_schedule_t* s, const mla_spa
     a.table = p->indices;
     a.table_stride = static_cast<int32_t>(p->num_tokens == 1 ? 0 : p->indices_stride);
     a.table_cols = p->topk;
-    a.combine_rows = combine_rows(s);
-    a.split_within = s->internal.split == MLA_SPLIT_WITHIN_REQUESTS ? 1 : 0;
-    prepare_split(a);
+    prepare_split(s, a);
     return launch<true>(s, a, p->dtype, p->kv_format, stream);
 }
 

@@ -121,17 +121,24 @@ struct Lens {
     }
 };
 
+// Inclusive sum over the warp's lanes (the whole warp calls it).
+__device__ __forceinline__ int warp_inclusive_sum(int v) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const int u = __shfl_up_sync(0xffffffffu, v, d);
+        if (lane >= d) v += u;
+    }
+    return v;
+}
+
 // Inclusive sum over the CTA's kThreads threads (every thread calls it); scratch holds
 // kThreads / 32 ints. Returns the inclusive prefix; *total gets the CTA's sum.
 template <int kThreads>
 __device__ __forceinline__ int block_inclusive_sum(int v, int* scratch, int* total) {
     constexpr int kW = kThreads / 32;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-        const int u = __shfl_up_sync(0xffffffffu, v, d);
-        if (lane >= d) v += u;
-    }
+    v = warp_inclusive_sum(v);
     if (lane == 31) scratch[warp] = v;
     __syncthreads();
     int before = 0, sum = 0;
@@ -409,12 +416,7 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
             const int b = threadIdx.x;
             const bool valid = b < a.batch;
             const int t = valid ? lens.tiles(b) : 0;
-            int incl = t;
-#pragma unroll
-            for (int d = 1; d < 32; d <<= 1) {
-                const int u = __shfl_up_sync(0xffffffffu, incl, d);
-                if (b >= d) incl += u;
-            }
+            const int incl = warp_inclusive_sum(t);
             const int total = __shfl_sync(0xffffffffu, incl, 31);
             const int chunk = lens.p == nullptr ? a.closed_chunk.d : split_chunk(total, a.parts_div, a.min_chunk);
             const int start = incl - t;
@@ -422,12 +424,7 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
             bounds(b, start, t, chunk, first, last, tail);
             if (a.split_within && lens.p != nullptr) {
                 const int pair = within_pair(valid, t, chunk);
-                int pincl = pair;
-#pragma unroll
-                for (int d = 1; d < 32; d <<= 1) {
-                    const int u = __shfl_up_sync(0xffffffffu, pincl, d);
-                    if (b >= d) pincl += u;
-                }
+                const int pincl = warp_inclusive_sum(pair);
                 within(pair, pincl, __shfl_sync(0xffffffffu, pincl, 31), first, last, tail);
             }
             const bool split = valid && first != last;
@@ -580,13 +577,18 @@ inline bool combine_deals(const DecodeArgs& a) {
 // caches, 16 or 32 query rows per CTA), every request can have a part (batch <= parts: else
 // the kernels would always fall back to the flat split), and the kernels' limits hold.
 inline bool within_allowed(const mla_schedule_t* s) {
-    const bool fp8 = s->kv_format == MLA_KV_FP8_DS_MLA || s->kv_format == MLA_KV_FP8;
-    return !fp8 && s->internal.block_m != 8 && s->batch <= kWithinMaxBatch && s->batch <= s->num_parts &&
-           s->num_parts + s->batch < kWithinMaxParts;
+    const bool kernel = with_row_format(s->kv_format, [&](auto f) {
+        return with_config(s->internal.warps, s->internal.block_m,
+                           [](auto c) { return kWithinKernel<decltype(f), decltype(c)>; });
+    });
+    return kernel && s->batch <= kWithinMaxBatch && s->batch <= s->num_parts && s->num_parts + s->batch < kWithinMaxParts;
 }
 
-// The kernels' divisors, on the host (DecodeArgs::parts_div, heads_div, closed_*).
-inline void prepare_split(DecodeArgs& a) {
+// The split's arguments from the schedule (combine_rows, split_within) and the kernels'
+// divisors, on the host (DecodeArgs::parts_div, heads_div, closed_*).
+inline void prepare_split(const mla_schedule_t* s, DecodeArgs& a) {
+    a.combine_rows = combine_rows(s);
+    a.split_within = s->internal.split == MLA_SPLIT_WITHIN_REQUESTS ? 1 : 0;
     a.parts_div = FastDiv::make(a.num_parts);
     a.heads_div = FastDiv::make(a.num_heads);
     a.closed_tiles = FastDiv::make(Lens::tiles_of(a.max_len));
