@@ -153,6 +153,16 @@ typedef enum {
 #define MLA_SPLIT_FLAT 1
 #define MLA_SPLIT_WITHIN_REQUESTS 2
 
+/* Which decode kernel a schedule runs (docs/DESIGN.md §5.5). TILES: the split-KV tile kernels
+ * (32 cache rows per tile through tensor-core MMAs, pieces merged by the combine kernel).
+ * ROWS: the row kernel, a CTA per query row whose warps walk the request's cache rows on the
+ * CUDA cores, no split and no combine: the default for one-part steps (batch *
+ * ceil(max_len / 32) <= 2: the one-token call, top-1..64 sparse rows) of at most one query row
+ * (batch * q_len * heads) per SM; correct for any shape and lengths when forced, but each 32
+ * positions of a request cost it a dependent round trip. */
+#define MLA_PATH_TILES 1
+#define MLA_PATH_ROWS 2
+
 /* Overrides of what mla_schedule_init chooses from the shape, for experiments and tests
  * (docs/DEVELOPING.md, "Launch knobs for experiments"). 0 in a field keeps the default;
  * a NULL mla_tuning_t* is all defaults. A value outside the listed ones makes
@@ -179,6 +189,10 @@ typedef struct {
     int32_t split;           /* how the tiles are cut into parts: MLA_SPLIT_FLAT or
                                 MLA_SPLIT_WITHIN_REQUESTS. Default MLA_SPLIT_WITHIN_REQUESTS
                                 where the schedule allows it (below), else flat */
+    int32_t path;            /* which kernel runs: MLA_PATH_TILES or MLA_PATH_ROWS. Default
+                                MLA_PATH_ROWS on one-part steps of at most one query row per SM
+                                (above), else MLA_PATH_TILES. ROWS takes at most 65,535
+                                requests (sparse: tokens) */
 } mla_tuning_t;
 
 /* ---- schedule: host-side launch decisions, made once per shape ------------------ */
@@ -205,6 +219,7 @@ typedef struct {
                                the schedule merges a row per warp and 4 would take two
                                waves of combine CTAs */
     int32_t split;          /* MLA_SPLIT_FLAT or MLA_SPLIT_WITHIN_REQUESTS */
+    int32_t path;           /* MLA_PATH_TILES or MLA_PATH_ROWS */
 } mla_schedule_internal_t;
 
 /* A schedule fixes the grid of the decode kernels for one problem shape on one

@@ -99,7 +99,7 @@ pub struct PlanOptions {
 /// (`csrc/mla_decode.h` documents the defaults); a value outside the listed ones makes
 /// [`DecodePlan::dense`] / [`DecodePlan::sparse`] fail with
 /// [`Error::InvalidArgument`](crate::Error::InvalidArgument). The bench translates its
-/// `MLA_WARPS`, `MLA_BLOCK_M`, `MLA_PDL`, `MLA_COMBINE_SLICES`, `MLA_MIN_CHUNK` and `MLA_SPLIT`
+/// `MLA_WARPS`, `MLA_BLOCK_M`, `MLA_PDL`, `MLA_COMBINE_SLICES`, `MLA_MIN_CHUNK`, `MLA_SPLIT` and `MLA_PATH`
 /// environment variables into this; the library itself reads no environment variable.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Tuning {
@@ -121,6 +121,11 @@ pub struct Tuning {
     /// requests where that fits; the default for 16-bit caches with 16 or 32 query rows per
     /// CTA, at most 128 requests and as many parts, except on small steps; elsewhere flat).
     pub split: Option<u32>,
+    /// Which kernel runs: `ffi::MLA_PATH_TILES` (the split-KV tile kernels) or
+    /// `ffi::MLA_PATH_ROWS` (the row kernel: a CTA per query row on the CUDA cores, no split;
+    /// the default on one-part steps, `batch * ceil(max_len / 32) <= 2`, of at most one query
+    /// row per SM; at most 65,535 requests).
+    pub path: Option<u32>,
 }
 
 impl Tuning {
@@ -169,6 +174,12 @@ impl Tuning {
             self.split
                 .is_none_or(|v| v == ffi::MLA_SPLIT_FLAT || v == ffi::MLA_SPLIT_WITHIN_REQUESTS),
             "expected MLA_SPLIT_FLAT (1) or MLA_SPLIT_WITHIN_REQUESTS (2)",
+        )?;
+        bad(
+            "tuning.path",
+            self.path
+                .is_none_or(|v| v == ffi::MLA_PATH_TILES || v == ffi::MLA_PATH_ROWS),
+            "expected MLA_PATH_TILES (1) or MLA_PATH_ROWS (2)",
         )
     }
 
@@ -191,6 +202,7 @@ impl Tuning {
             combine_slices: field(self.combine_slices),
             min_chunk: field(self.min_chunk),
             split: field(self.split),
+            path: field(self.path),
         }
     }
 }
@@ -373,9 +385,10 @@ mod tests {
                 t.pdl,
                 t.combine_slices,
                 t.min_chunk,
-                t.split
+                t.split,
+                t.path
             ],
-            [0; 7]
+            [0; 8]
         );
         assert_eq!(Tuning::default().to_ffi(true).sm120_occupancy, 1);
         assert_eq!(Tuning::default().check(), Ok(()));
@@ -390,6 +403,7 @@ mod tests {
             combine_slices: Some(4),
             min_chunk: Some(3),
             split: Some(ffi::MLA_SPLIT_FLAT),
+            path: Some(ffi::MLA_PATH_ROWS),
         };
         assert_eq!(t.check(), Ok(()));
         let f = t.to_ffi(false);
@@ -400,9 +414,18 @@ mod tests {
                 f.pdl,
                 f.combine_slices,
                 f.min_chunk,
-                f.split
+                f.split,
+                f.path
             ],
-            [8, 32, ffi::MLA_PDL_OFF, 4, 3, ffi::MLA_SPLIT_FLAT as i32]
+            [
+                8,
+                32,
+                ffi::MLA_PDL_OFF,
+                4,
+                3,
+                ffi::MLA_SPLIT_FLAT as i32,
+                ffi::MLA_PATH_ROWS as i32
+            ]
         );
         let pdl = Tuning {
             pdl: Some(ffi::MLA_PDL_DEFAULT),
@@ -438,6 +461,10 @@ mod tests {
             },
             Tuning {
                 split: Some(3),
+                ..Tuning::default()
+            },
+            Tuning {
+                path: Some(3),
                 ..Tuning::default()
             },
         ];

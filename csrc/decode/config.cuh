@@ -150,6 +150,7 @@ constexpr int kTileShift = 5;  // log2(kBlockN)
 static_assert((1 << kTileShift) == Cfg::kBlockN, "tile shift");
 constexpr int kMinChunkTiles = 2;  // a part streams at least this many tiles
 constexpr int kCombineWarps = 8;   // warps per combine CTA (decode/combine.cuh)
+constexpr int kRowsMaxBatch = 65535;  // the row kernel's grid: one CTA row per request (decode/rows.cuh)
 
 // Calls f(C{}) with the tile configuration C that (warps, block_m) name: 32 rows -> CfgWide
 // (always 8 warps); 8 rows -> Cfg8Half or CfgHalf; else 8 warps -> Cfg8, else Cfg. The

@@ -8,6 +8,7 @@
 #include "decode/format_fp8.cuh"
 #include "decode/kernel.cuh"
 #include "decode/launch.cuh"
+#include "decode/rows.cuh"
 #include "decode/split.cuh"
 
 using namespace mla;
@@ -37,6 +38,12 @@ cudaError_t launch_pdl(void (*kernel)(DecodeArgs), dim3 grid, int threads, int s
 template <typename Fmt, bool kSparse>
 mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& a, cudaStream_t st) {
     using T = typename Fmt::Elem;
+    const mla_schedule_internal_t& in = s->internal;
+    if (in.path == MLA_PATH_ROWS) {  // a CTA per (query row, request); nothing to merge
+        const dim3 rgrid(a.m_rows, s->batch);
+        MLA_CUDA_TRY(launch_pdl(rows_kernel<Fmt, kSparse>, rgrid, kRowsWarps * 32, 0, st, in.pdl, a));
+        return MLA_STATUS_OK;
+    }
     const dim3 grid(s->num_m_tiles, s->num_parts);
     const int z = s->internal.combine_slices;
     const dim3 cgrid(max_splits(s->batch, s->num_parts), (a.m_rows + a.combine_rows - 1) / a.combine_rows, z);
@@ -52,7 +59,6 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& a, cudaStre
                     : !combine_deals(a)     ? combine_kernel<T, kSparse, 4, 4>
                     : by_warps              ? combine_dealing_kernel<T, kSparse, 4, true>
                                             : combine_dealing_kernel<T, kSparse, 4, false>;
-    const mla_schedule_internal_t& in = s->internal;
     MLA_CUDA_TRY(with_config(in.warps, in.block_m, [&](auto c) {
         using C = decltype(c);
         if constexpr (kWithinKernel<Fmt, C>) {
@@ -85,6 +91,8 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
     MLA_CHECK((in.pdl & ~MLA_PDL_ALL) == 0, "s.internal.pdl: %d", in.pdl);
     MLA_CHECK(in.split == MLA_SPLIT_FLAT || (in.split == MLA_SPLIT_WITHIN_REQUESTS && within_allowed(s)),
               "s.internal.split: %d", in.split);
+    MLA_CHECK(in.path == MLA_PATH_TILES || (in.path == MLA_PATH_ROWS && s->batch <= kRowsMaxBatch), "s.internal.path: %d",
+              in.path);
     const int need_smem = with_row_format(fmt, [&](auto f) {
         return with_config(in.warps, in.block_m,
                            [](auto c) { return KernelConfig<decltype(f), decltype(c)>::kSmemBytes; });

@@ -67,6 +67,11 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     MLA_CHECK(tune.split == 0 || tune.split == MLA_SPLIT_FLAT || tune.split == MLA_SPLIT_WITHIN_REQUESTS,
               "tuning.split: %d, must be 0, MLA_SPLIT_FLAT (%d) or MLA_SPLIT_WITHIN_REQUESTS (%d)", tune.split,
               MLA_SPLIT_FLAT, MLA_SPLIT_WITHIN_REQUESTS);
+    MLA_CHECK(tune.path == 0 || tune.path == MLA_PATH_TILES || tune.path == MLA_PATH_ROWS,
+              "tuning.path: %d, must be 0, MLA_PATH_TILES (%d) or MLA_PATH_ROWS (%d)", tune.path, MLA_PATH_TILES,
+              MLA_PATH_ROWS);
+    MLA_CHECK(tune.path != MLA_PATH_ROWS || batch <= kRowsMaxBatch,
+              "tuning.path: MLA_PATH_ROWS takes at most %d requests, the shape has %d", kRowsMaxBatch, batch);
     // the split counts 32-row tiles of all requests (at max_len) in int32
     const int64_t all_tiles = static_cast<int64_t>(batch) * ((static_cast<int64_t>(max_len) + Cfg::kBlockN - 1) / Cfg::kBlockN);
     MLA_CHECK(all_tiles <= 0x7fffffffLL, "shape: batch * ceil(max_len / 32) = %lld exceeds INT32_MAX",
@@ -171,6 +176,11 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     const bool within_ok = within_allowed(s);
     const bool within = tune.split == MLA_SPLIT_WITHIN_REQUESTS ? within_ok : (tune.split == 0 && within_ok && !small);
     in.split = within ? MLA_SPLIT_WITHIN_REQUESTS : MLA_SPLIT_FLAT;
+    // The row kernel (decode/rows.cuh) where a step is one part (at most two 32-row tiles in
+    // all) and its CTAs, one per query row, fit the SMs: two round trips and a short fp32
+    // chain, against the tile kernel's three round trips and a tile's MMA chain.
+    const bool rows = parts == 1 && static_cast<int64_t>(m_rows) * batch <= sm_count && batch <= kRowsMaxBatch;
+    in.path = tune.path != 0 ? tune.path : (rows ? MLA_PATH_ROWS : MLA_PATH_TILES);
     return MLA_STATUS_OK;
 }
 

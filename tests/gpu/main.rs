@@ -17,6 +17,7 @@
 //! - [`cache_ops`]: `append_kv` and `gather_slots`;
 //! - [`end_to_end`]: sparse over every slot equals dense; a GLM-5 step gather → sparse;
 //! - [`repeat`]: plan reuse, CUDA-graph replay, bitwise determinism;
+//! - [`rows`]: the row kernel of one-part steps, forced on random shapes, its default choice;
 //! - [`graph`]: `capture_graph` (its refusals; dense and sparse steps replayed with new
 //!   inputs, the flag snapshotted on the device);
 //! - [`capacity`]: preallocated maximum-size buffers: every call with buffers longer than
@@ -38,5 +39,6 @@ mod fp8;
 mod graph;
 mod plumbing;
 mod repeat;
+mod rows;
 mod soak;
 mod sparse;
