@@ -190,33 +190,34 @@ __global__ void __launch_bounds__(kRowsWarps * 32) rows_kernel(const DecodeArgs 
     row_token_head<kSparse>(a, b, m, token, head);
     const int64_t table_row = static_cast<int64_t>(b) * a.table_stride;
 
-    // issued together: the length, the first rows' entries and then rows, the query
+    // issued together: the length, the query, the first rows' entries (and then the rows
+    // behind them: fetch_rows waits for the entries)
     const int raw = a.lens != nullptr ? a.lens[b] : a.max_len;
-    RowStep cur;
-    fetch_rows<Fmt, kSparse>(a, table_row, warp, lane, cur);
-    float q[16], qr[16];
+    const float tensor_scale = L::kTensor ? *a.kv_scale : 1.f;
+    uint4 q0, q1, r0 = make_uint4(0, 0, 0, 0), r1 = r0;
     {
         const T* qn = reinterpret_cast<const T*>(a.q_nope) + token * a.qn_ts + head * a.qn_hs;
         const T* qp = reinterpret_cast<const T*>(a.q_rope) + token * a.qr_ts + head * a.qr_hs;
-        const uint4 q0 = *reinterpret_cast<const uint4*>(qn + L::lat_dim(lane, 0));
-        const uint4 q1 = *reinterpret_cast<const uint4*>(qn + L::lat_dim(lane, 1));
-        uint4 r0 = make_uint4(0, 0, 0, 0), r1 = r0;
+        q0 = *reinterpret_cast<const uint4*>(qn + L::lat_dim(lane, 0));
+        q1 = *reinterpret_cast<const uint4*>(qn + L::lat_dim(lane, 1));
         if (lane < L::kRopeLanes) {
             r0 = *reinterpret_cast<const uint4*>(qp + L::kRopePerLane * lane);
             if (L::kRopePerLane == 16) r1 = *reinterpret_cast<const uint4*>(qp + L::kRopePerLane * lane + 8);
         }
-        f8_of<T>(q0, q);
-        f8_of<T>(q1, q + 8);
-        f8_of<T>(r0, qr);
-        f8_of<T>(r1, qr + 8);
-        // scores in the log2 domain
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            q[i] *= a.scale_log2;
-            qr[i] *= a.scale_log2;
-        }
     }
-    const float tensor_scale = L::kTensor ? *a.kv_scale : 1.f;
+    RowStep cur;
+    fetch_rows<Fmt, kSparse>(a, table_row, warp, lane, cur);
+    float q[16], qr[16];
+    f8_of<T>(q0, q);
+    f8_of<T>(q1, q + 8);
+    f8_of<T>(r0, qr);
+    f8_of<T>(r1, qr + 8);
+    // scores in the log2 domain
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        q[i] *= a.scale_log2;
+        qr[i] *= a.scale_log2;
+    }
 
     const int len = Lens::clamp(raw, a.max_len);
     if (a.lens != nullptr && blockIdx.x == 0 && threadIdx.x == 0 && (raw < 0 || raw > a.max_len)) {
