@@ -607,6 +607,18 @@ inline void prepare_split(const mla_schedule_t* s, DecodeArgs& a) {
                 break;
             }
         }
+    } else if (a.lens == nullptr) {
+        // Flat in the closed form (every request t tiles, e.g. sparse without topk_len): where
+        // n = parts / batch equal parts of c = t / n tiles divide every request and c is no
+        // longer than the within rule's candidate, c is the flat chunk. The flat split then
+        // lays every part inside one request (nothing to merge; log #77), with the flat kernels
+        // as they are: their closed form takes the chunk from here.
+        const int t = a.closed_tiles.d, chunk = a.closed_chunk.d;
+        const int n = a.num_parts / a.batch;
+        if (n >= 1 && n <= t && t % n == 0) {
+            const int c = t / n;
+            if (c != chunk && c >= a.min_chunk && c <= within_chunk(chunk)) a.closed_chunk = FastDiv::make(c);
+        }
     }
 }
 

@@ -502,3 +502,35 @@ fn sanitize_sparse_small_split_within() {
         );
     }
 }
+
+/// The closed form's aligned flat chunk (docs/DESIGN.md §5.3, log #77): without topk_len, where
+/// parts / batch equal parts divide every token and are at most a tile longer than the flat
+/// chunk, the flat split lays every part inside one token. On a 132-SM H200: 62 tokens of 17
+/// tiles at 64 heads (66 parts: chunk 16 -> 17) and 248 tokens at 16 heads (264 parts: 16 ->
+/// 17); elsewhere whatever partition the device gives. bf16 with the flat split forced, fp8_ds_mla
+/// (always flat), against the reference.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sparse_closed_form_aligned_flat_chunk() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("sparse_closed_form_aligned_flat_chunk");
+    let style = RowStyle {
+        hole: 0.05,
+        bad: 0.0,
+    };
+    for (tokens, heads) in [(62usize, 64usize), (248, 16)] {
+        let s = random_sparse::<bf16>(&mut rng, tokens, heads, 17 * 32, 12, 64, style, false);
+        let mut flat = plan_options(false);
+        flat.tuning.split = Some(mla_decode::ffi::MLA_SPLIT_FLAT);
+        let label = format!("aligned flat chunk t={tokens} h={heads}");
+        check_problem(&label, &mut rng, &stream, &s, flat);
+        let f = Fp8::sparse(&mut rng, s, FP8_KINDS[0], 1.0);
+        check_problem(
+            &format!("{label} fp8"),
+            &mut rng,
+            &stream,
+            &f,
+            plan_options(false),
+        );
+    }
+}
