@@ -198,9 +198,9 @@ fn config_options(i: usize, sm120_occupancy: bool) -> PlanOptions {
 /// Head counts the fp8 tests cycle through (1, odd, 8, 16, 64, 128, and odd many).
 const HEADS: [usize; 8] = [1, 3, 8, 16, 64, 128, 7, 33];
 
-/// A random dense problem of `heads` heads in `T` over an fp8 cache of `kind`: q_len 1..=8,
-/// every block size, lengths at edges (scaled to a work budget), padded tables and blocks,
-/// sometimes a bad block id inside a request's length (recorded in the flag).
+/// A random dense problem of `heads` heads in `T` over an fp8 cache of `kind` ([`random_dense`]:
+/// q_len 1..=8, every block size, lengths at edges scaled to a work budget, padded tables and
+/// blocks, sometimes a bad block id inside a request's length).
 fn random_dense_fp8<T: Half>(
     rng: &mut Rng,
     heads: usize,
@@ -208,49 +208,13 @@ fn random_dense_fp8<T: Half>(
     small: bool,
     mag: f64,
 ) -> Fp8<DenseSetup<T>> {
-    let bs = rng.pick(&BLOCK_SIZES);
-    let q_len = rng.range(1, MAX_Q_LEN);
-    let batch = if small {
-        rng.range(1, 4)
-    } else {
-        rng.range(1, 17)
-    };
     let max_len = if small {
         rng.range(0, 300)
     } else {
         rng.range(0, 3000)
     };
-    let mut lens: Vec<usize> = (0..batch)
-        .map(|_| edge_len(rng, max_len.max(1), bs))
-        .collect();
-    let total: usize = lens.iter().sum();
-    let cap = (WORK_BUDGET / 4 / (heads * q_len)).max(1);
-    if total > cap {
-        lens.iter_mut().for_each(|l| *l = *l * cap / total);
-    }
-    let longest = lens.iter().copied().max().unwrap_or(0).max(1);
-    let spec = DenseSpec {
-        q_len,
-        heads,
-        block_size: bs,
-        max_blocks_per_seq: longest.div_ceil(bs) + rng.below(3),
-        table_pad: if rng.chance(0.5) { 0 } else { rng.range(1, 5) },
-        block_pad: 8 * rng.below(4),
-        spare_blocks: rng.below(4),
-        junk_unused: rng.chance(0.5),
-        seq_lens: lens.iter().map(|&l| l as i32).collect(),
-        scale: rng.softmax_scale(),
-    };
-    let mut s = DenseSetup::<T>::build(rng, &spec);
-    if rng.chance(0.3) {
-        // a bad block id inside a request's length
-        let b = rng.below(batch);
-        let need = lens[b].div_ceil(bs);
-        if need > 0 {
-            let j = rng.below(need);
-            s.table[b * s.table_stride + j] = junk_block(rng, s.cache.num_blocks);
-        }
-    }
+    let max_batch = if small { 4 } else { 17 };
+    let s = random_dense::<T>(rng, heads, max_batch, max_len, WORK_BUDGET / 4);
     Fp8::dense(rng, s, kind, mag)
 }
 

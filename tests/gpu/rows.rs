@@ -21,40 +21,6 @@ fn rows_options(sm120_occupancy: bool) -> PlanOptions {
     o
 }
 
-/// A random small dense problem: batch 1..=3, q_len 1..=8, every block size, lengths at
-/// edges up to `max_len`, padded tables and blocks, sometimes a bad block id inside a length.
-fn random_dense<T: Half>(rng: &mut Rng, heads: usize, max_len: usize) -> DenseSetup<T> {
-    let bs = rng.pick(&BLOCK_SIZES);
-    let q_len = rng.range(1, MAX_Q_LEN);
-    let batch = rng.range(1, 3);
-    let lens: Vec<usize> = (0..batch)
-        .map(|_| edge_len(rng, max_len.max(1), bs))
-        .collect();
-    let longest = lens.iter().copied().max().unwrap_or(0).max(1);
-    let spec = DenseSpec {
-        q_len,
-        heads,
-        block_size: bs,
-        max_blocks_per_seq: longest.div_ceil(bs) + rng.below(3),
-        table_pad: if rng.chance(0.5) { 0 } else { rng.range(1, 5) },
-        block_pad: 8 * rng.below(4),
-        spare_blocks: rng.below(4),
-        junk_unused: rng.chance(0.5),
-        seq_lens: lens.iter().map(|&l| l as i32).collect(),
-        scale: rng.softmax_scale(),
-    };
-    let mut s = DenseSetup::<T>::build(rng, &spec);
-    if rng.chance(0.3) {
-        let b = rng.below(batch);
-        let need = lens[b].div_ceil(bs);
-        if need > 0 {
-            let j = rng.below(need);
-            s.table[b * s.table_stride + j] = junk_block(rng, s.cache.num_blocks);
-        }
-    }
-    s
-}
-
 /// A random small sparse problem: 1..=3 tokens, topk 1..=100, holes, bad slot ids, topk_len.
 fn random_sparse_small<T: Half>(rng: &mut Rng, heads: usize) -> SparseSetup<T> {
     let bs = rng.pick(&BLOCK_SIZES);
@@ -89,7 +55,7 @@ fn rows_kernel_random() {
                     let max_len = if rng.chance(0.5) { 64 } else { 300 };
                     with_dtype!(dtype, T => match (kind, sparse) {
                         (None, false) => {
-                            let p = random_dense::<T>(&mut rng, heads, max_len);
+                            let p = random_dense::<T>(&mut rng, heads, 3, max_len, WORK_BUDGET / 4);
                             check_problem(&label, &mut rng, &stream, &p, options);
                         }
                         (None, true) => {
@@ -97,7 +63,7 @@ fn rows_kernel_random() {
                             check_problem(&label, &mut rng, &stream, &p, options);
                         }
                         (Some(k), false) => {
-                            let s = random_dense::<T>(&mut rng, heads, max_len);
+                            let s = random_dense::<T>(&mut rng, heads, 3, max_len, WORK_BUDGET / 4);
                             let p = Fp8::dense(&mut rng, s, k, 1.0);
                             check_problem(&label, &mut rng, &stream, &p, options);
                         }

@@ -112,6 +112,53 @@ pub fn edge_len(rng: &mut Rng, max_len: usize, bs: usize) -> usize {
     }
 }
 
+/// A random dense problem of `heads` heads: q_len 1..=8, every block size, 1..=`max_batch`
+/// requests of lengths at edges up to `max_len` (scaled down so that rows x heads x q_len stay
+/// within `budget`), padded tables and blocks, junk or not in unused table entries, and (30 %
+/// of the time) a bad block id inside a request's length (recorded in the flag).
+pub fn random_dense<T: Half>(
+    rng: &mut Rng,
+    heads: usize,
+    max_batch: usize,
+    max_len: usize,
+    budget: usize,
+) -> DenseSetup<T> {
+    let bs = rng.pick(&mla_decode::BLOCK_SIZES);
+    let q_len = rng.range(1, mla_decode::MAX_Q_LEN);
+    let batch = rng.range(1, max_batch);
+    let mut lens: Vec<usize> = (0..batch)
+        .map(|_| edge_len(rng, max_len.max(1), bs))
+        .collect();
+    let total: usize = lens.iter().sum();
+    let cap = (budget / (heads * q_len)).max(1);
+    if total > cap {
+        lens.iter_mut().for_each(|l| *l = *l * cap / total);
+    }
+    let longest = lens.iter().copied().max().unwrap_or(0).max(1);
+    let spec = DenseSpec {
+        q_len,
+        heads,
+        block_size: bs,
+        max_blocks_per_seq: longest.div_ceil(bs) + rng.below(3),
+        table_pad: if rng.chance(0.5) { 0 } else { rng.range(1, 5) },
+        block_pad: 8 * rng.below(4),
+        spare_blocks: rng.below(4),
+        junk_unused: rng.chance(0.5),
+        seq_lens: lens.iter().map(|&l| l as i32).collect(),
+        scale: rng.softmax_scale(),
+    };
+    let mut s = DenseSetup::<T>::build(rng, &spec);
+    if rng.chance(0.3) {
+        let b = rng.below(batch);
+        let need = lens[b].div_ceil(bs);
+        if need > 0 {
+            let j = rng.below(need);
+            s.table[b * s.table_stride + j] = junk_block(rng, s.cache.num_blocks);
+        }
+    }
+    s
+}
+
 impl<T: Half> DenseSetup<T> {
     /// Random cache and a shuffled block table for `spec`: every block belongs to at most one
     /// request.
