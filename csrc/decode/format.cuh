@@ -46,6 +46,7 @@
 #include <stdint.h>
 
 #include "common/constants.cuh"
+#include "common/fault.cuh"
 #include "common/ptx.cuh"
 #include "decode/args.cuh"
 
@@ -70,6 +71,23 @@ struct RowInBlock {
         return __shfl_sync(0xffffffffu, r, src_lane);
     }
 };
+
+// The cache row behind a raw entry: dense, block-table entry e at position pos; sparse, slot id
+// e. Fmt::kNoRow where the entry is out of range (dense: outside [0, num_blocks); sparse:
+// negative or past the cache), recorded in the flag against request `row` when `record`
+// (a sparse -1 is no fault). The decode kernels' loaders: load_tile, rows.cuh fetch_rows.
+template <typename Fmt, bool kSparse>
+__device__ __forceinline__ typename Fmt::RowAddr entry_row(const DecodeArgs& a, int e, int pos, int row, bool record) {
+    const int bmask = a.block_size - 1;
+    if (kSparse) {
+        if (e >= 0 && (e >> a.block_shift) < a.num_blocks) return Fmt::row_addr((e >> a.block_shift) * a.block_stride, e & bmask);
+        if (record && e != -1) record_fault(a.flag, MLA_FAULT_BAD_SLOT_ID, row, e);
+    } else {
+        if (e >= 0 && e < a.num_blocks) return Fmt::row_addr(e * a.block_stride, pos & bmask);
+        if (record) record_fault(a.flag, MLA_FAULT_BAD_BLOCK_ID, row, e);
+    }
+    return Fmt::kNoRow;
+}
 
 template <typename T>
 struct RowF16 : RowInBlock<MLA_ROW_BYTES_16> {

@@ -52,24 +52,7 @@ __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Cursor& c, 
     if (lane < C::kRowsPerWarp) {
         const int r = warp * C::kRowsPerWarp + lane;
         const int pos = (c.j << kTileShift) + r;
-        if (pos < c.len) {
-            const int bmask = a.block_size - 1;
-            if (kSparse) {
-                const int id = rr.entry;
-                if (id >= 0 && (id >> a.block_shift) < a.num_blocks) {
-                    off = Fmt::row_addr((id >> a.block_shift) * a.block_stride, id & bmask);
-                } else if (id != -1) {
-                    record_fault(a.flag, MLA_FAULT_BAD_SLOT_ID, c.b, id);
-                }
-            } else {
-                const int e = rr.entry;
-                if (e >= 0 && e < a.num_blocks) {
-                    off = Fmt::row_addr(e * a.block_stride, pos & bmask);
-                } else {
-                    record_fault(a.flag, MLA_FAULT_BAD_BLOCK_ID, c.b, e);
-                }
-            }
-        }
+        if (pos < c.len) off = entry_row<Fmt, kSparse>(a, rr.entry, pos, c.b, true);
         valid_stage[r] = Fmt::has_row(off);
     }
     const uint32_t kv_base = smem_u32(kv_stage);

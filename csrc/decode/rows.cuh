@@ -17,6 +17,7 @@
 #include "common/fp8.cuh"
 #include "common/ptx.cuh"
 #include "decode/args.cuh"
+#include "decode/format.cuh"
 #include "decode/split.cuh"
 
 namespace mla {
@@ -62,17 +63,12 @@ __device__ __forceinline__ void load_lane_row(const uint8_t* row, int lane, Lane
     }
 }
 
-// 2 x 16-bit (low half first) or 4 x e4m3 -> fp32, exact.
+// 2 x 16-bit of type T (low half first) -> fp32, exact (common/fp8.cuh's conversions).
 template <typename T>
-__device__ __forceinline__ float2 f2_of(uint32_t u);
-template <>
-__device__ __forceinline__ float2 f2_of<__half>(uint32_t u) {
-    return __half22float2(*reinterpret_cast<const __half2*>(&u));
+__device__ __forceinline__ float2 f2_of(uint32_t u) {
+    return make_float2(Fp8In<T>::to_f32(static_cast<uint16_t>(u & 0xffffu)), Fp8In<T>::to_f32(static_cast<uint16_t>(u >> 16)));
 }
-template <>
-__device__ __forceinline__ float2 f2_of<__nv_bfloat16>(uint32_t u) {
-    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
-}
+// 4 x e4m3 -> fp32, exact (through f16).
 __device__ __forceinline__ void f4_of_e4m3(uint32_t u, float* f) {
     uint32_t lo, hi;
     e4m3x4_to_f16x2x2(u, lo, hi);
@@ -125,35 +121,25 @@ __device__ __forceinline__ void lane_values(const LaneRow& r, int lane, float (&
 }
 
 // Positions base + 8u (u < kRowsUnroll) of a warp's request, as loaded: lane u holds position
-// base + 8u's raw entry (dense: block-table entry; sparse: slot id) and whether it was in
-// range; every lane each row's byte offset in the cache (-1: nothing loaded) and its share.
+// base + 8u's raw entry (dense: block-table entry; sparse: slot id); every lane each row's
+// byte offset in the cache (-1: out of range, nothing loaded) and its share.
 struct RowStep {
     int entry;
-    bool own;
     int64_t off[kRowsUnroll];
     LaneRow row[kRowsUnroll];
 };
 
 template <typename Fmt, bool kSparse>
 __device__ __forceinline__ void fetch_rows(const DecodeArgs& a, int64_t table_row, int base, int lane, RowStep& st) {
-    int64_t off = -1;
+    int64_t off = Fmt::kNoRow;
     st.entry = 0;
-    st.own = false;
     if (lane < kRowsUnroll) {
-        // (the column clamped into the table row: entries past the length are read, never used)
+        // (the column clamped into the table row: entries past the length are read, never used;
+        // their faults are recorded once the length is known, rows_kernel)
         const int pos = base + kRowsWarps * lane;
         const int col = min(kSparse ? pos : pos >> a.block_shift, a.table_cols - 1);
-        const int e = a.table[table_row + col];
-        st.entry = e;
-        const int bmask = a.block_size - 1;
-        if (kSparse) {
-            if (e >= 0 && (e >> a.block_shift) < a.num_blocks)
-                off = static_cast<int64_t>(e >> a.block_shift) * a.block_stride + static_cast<int64_t>(e & bmask) * Fmt::kRowBytes;
-        } else {
-            if (e >= 0 && e < a.num_blocks)
-                off = static_cast<int64_t>(e) * a.block_stride + static_cast<int64_t>(pos & bmask) * Fmt::kRowBytes;
-        }
-        st.own = off >= 0;
+        st.entry = a.table[table_row + col];
+        off = entry_row<Fmt, kSparse>(a, st.entry, pos, 0, false);
     }
 #pragma unroll
     for (int u = 0; u < kRowsUnroll; ++u) {
@@ -220,11 +206,7 @@ __global__ void __launch_bounds__(kRowsWarps * 32) rows_kernel(const DecodeArgs 
     }
 
     const int len = Lens::clamp(raw, a.max_len);
-    if (a.lens != nullptr && blockIdx.x == 0 && threadIdx.x == 0 && (raw < 0 || raw > a.max_len)) {
-        const uint32_t code = a.check_lens == kLensSparse ? MLA_FAULT_BAD_TOPK_LEN
-                                                          : (raw < 0 ? MLA_FAULT_NEGATIVE_SEQ_LEN : MLA_FAULT_SEQ_LEN_TOO_LARGE);
-        record_fault(a.flag, code, b, raw);
-    }
+    if (a.lens != nullptr && blockIdx.x == 0 && threadIdx.x == 0) Lens::record_bad(b, raw, a.max_len, a.check_lens, a.flag);
     // dense: query position i sees positions < len - q_len + i + 1 (causal)
     const int lim = kSparse ? len : len - a.q_len + 1 + (token - b * a.q_len);
 
@@ -238,9 +220,8 @@ __global__ void __launch_bounds__(kRowsWarps * 32) rows_kernel(const DecodeArgs 
         if (more) fetch_rows<Fmt, kSparse>(a, table_row, base + kRowsStep, lane, nxt);
         // an entry out of range for a position < len: recorded (its row skipped); only by the
         // CTA of query row 0, as the length
-        if (blockIdx.x == 0 && lane < kRowsUnroll && base + kRowsWarps * lane < len && !cur.own &&
-            !(kSparse && cur.entry == -1))
-            record_fault(a.flag, kSparse ? MLA_FAULT_BAD_SLOT_ID : MLA_FAULT_BAD_BLOCK_ID, b, cur.entry);
+        if (blockIdx.x == 0 && lane < kRowsUnroll && base + kRowsWarps * lane < len)
+            entry_row<Fmt, kSparse>(a, cur.entry, base + kRowsWarps * lane, b, true);
         float s[kRowsUnroll], vs[kRowsUnroll];
 #pragma unroll
         for (int u = 0; u < kRowsUnroll; ++u) {

@@ -112,12 +112,16 @@ struct Lens {
     // topk_len (kLensSparse) as MLA_FAULT_BAD_TOPK_LEN.
     __device__ int tiles_checked(int b, bool record, int kind, uint32_t* flag) const {
         const int r = p[b];
-        if (record && (r < 0 || r > max_len)) {
+        if (record) record_bad(b, r, max_len, kind, flag);
+        return tiles_of(clamp(r, max_len));
+    }
+    // Records request b's raw length r in flag when it is outside [0, max_len] (kind as above).
+    __device__ static void record_bad(int b, int r, int max_len, int kind, uint32_t* flag) {
+        if (r < 0 || r > max_len) {
             const uint32_t code = kind == kLensSparse ? MLA_FAULT_BAD_TOPK_LEN
                                                       : (r < 0 ? MLA_FAULT_NEGATIVE_SEQ_LEN : MLA_FAULT_SEQ_LEN_TOO_LARGE);
             record_fault(flag, code, b, r);
         }
-        return tiles_of(clamp(r, max_len));
     }
 };
 

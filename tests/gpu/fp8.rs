@@ -218,8 +218,9 @@ fn random_dense_fp8<T: Half>(
     Fp8::dense(rng, s, kind, mag)
 }
 
-/// A random sparse problem of `heads` heads in `T` over an fp8 cache of `kind`: topk from 1
-/// to 2048, holes, duplicates, bad slot ids, optional topk_len, every block size.
+/// A random sparse problem of `heads` heads in `T` over an fp8 cache of `kind`
+/// ([`random_sparse_case`]: topk from 1 to 2048, holes, duplicates, bad slot ids, optional
+/// topk_len, every block size).
 fn random_sparse_fp8<T: Half>(
     rng: &mut Rng,
     heads: usize,
@@ -227,26 +228,7 @@ fn random_sparse_fp8<T: Half>(
     small: bool,
     mag: f64,
 ) -> Fp8<SparseSetup<T>> {
-    let bs = rng.pick(&BLOCK_SIZES);
-    let topk = if small {
-        rng.pick(&[1usize, 33, 64, 100])
-    } else {
-        rng.pick(&[1usize, 32, 64, 100, 128, 257, 1000, 2048])
-    };
-    let tokens = rng
-        .range(1, if small { 4 } else { 17 })
-        .min((WORK_BUDGET / 4 / ((heads + 4) * topk)).max(1));
-    let num_blocks = if small {
-        rng.range(1, 6)
-    } else {
-        rng.range(1, 300)
-    };
-    let style = RowStyle {
-        hole: rng.pick(&[0.0, 0.05, 0.5]),
-        bad: rng.pick(&[0.0, 0.3]),
-    };
-    let with_len = rng.chance(0.4);
-    let s = random_sparse::<T>(rng, tokens, heads, topk, num_blocks, bs, style, with_len);
+    let s = random_sparse_case::<T>(rng, heads, small);
     Fp8::sparse(rng, s, kind, mag)
 }
 

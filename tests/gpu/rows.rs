@@ -21,20 +21,6 @@ fn rows_options(sm120_occupancy: bool) -> PlanOptions {
     o
 }
 
-/// A random small sparse problem: 1..=3 tokens, topk 1..=100, holes, bad slot ids, topk_len.
-fn random_sparse_small<T: Half>(rng: &mut Rng, heads: usize) -> SparseSetup<T> {
-    let bs = rng.pick(&BLOCK_SIZES);
-    let topk = rng.pick(&[1usize, 2, 5, 33, 64, 100]);
-    let tokens = rng.range(1, 3);
-    let num_blocks = rng.range(1, 6);
-    let style = RowStyle {
-        hole: rng.pick(&[0.0, 0.05, 0.5]),
-        bad: rng.pick(&[0.0, 0.3]),
-    };
-    let with_len = rng.chance(0.4);
-    random_sparse::<T>(rng, tokens, heads, topk, num_blocks, bs, style, with_len)
-}
-
 /// The row kernel forced on random dense and sparse problems of every cache kind (16-bit,
 /// fp8_ds_mla raw and pow2, per-tensor fp8) x f16/bf16 x heads 1..=128, most of them longer
 /// than a one-part step (lengths up to 300: the kernel must walk any length).
@@ -59,7 +45,7 @@ fn rows_kernel_random() {
                             check_problem(&label, &mut rng, &stream, &p, options);
                         }
                         (None, true) => {
-                            let p = random_sparse_small::<T>(&mut rng, heads);
+                            let p = random_sparse_case::<T>(&mut rng, heads, true);
                             check_problem(&label, &mut rng, &stream, &p, options);
                         }
                         (Some(k), false) => {
@@ -68,7 +54,7 @@ fn rows_kernel_random() {
                             check_problem(&label, &mut rng, &stream, &p, options);
                         }
                         (Some(k), true) => {
-                            let s = random_sparse_small::<T>(&mut rng, heads);
+                            let s = random_sparse_case::<T>(&mut rng, heads, true);
                             let p = Fp8::sparse(&mut rng, s, k, 1.0);
                             check_problem(&label, &mut rng, &stream, &p, options);
                         }

@@ -395,6 +395,33 @@ pub fn random_sparse<T: Half>(
     }
 }
 
+/// A random sparse problem of `heads` heads ([`random_sparse`]): every block size, holes,
+/// duplicates, bad slot ids, optional topk_len; `small`: topk up to 100 over 1..=5 blocks and
+/// 1..=4 tokens, else topk up to 2048 over up to 300 blocks and 16 tokens (within the work
+/// budget).
+pub fn random_sparse_case<T: Half>(rng: &mut Rng, heads: usize, small: bool) -> SparseSetup<T> {
+    let bs = rng.pick(&mla_decode::BLOCK_SIZES);
+    let topk = if small {
+        rng.pick(&[1usize, 2, 5, 33, 64, 100])
+    } else {
+        rng.pick(&[1usize, 32, 64, 100, 128, 257, 1000, 2048])
+    };
+    let tokens = rng
+        .range(1, if small { 4 } else { 17 })
+        .min((WORK_BUDGET / 4 / ((heads + 4) * topk)).max(1));
+    let num_blocks = if small {
+        rng.range(1, 6)
+    } else {
+        rng.range(1, 300)
+    };
+    let style = RowStyle {
+        hole: rng.pick(&[0.0, 0.05, 0.5]),
+        bad: rng.pick(&[0.0, 0.3]),
+    };
+    let with_len = rng.chance(0.4);
+    random_sparse::<T>(rng, tokens, heads, topk, num_blocks, bs, style, with_len)
+}
+
 // ---------------------------------------------------------------------------------------------
 // Gather
 
