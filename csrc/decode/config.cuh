@@ -171,6 +171,14 @@ auto with_config(int warps, int block_m, F&& f) {
 template <typename Fmt, typename C>
 constexpr bool kWithinKernel = !C::kHalfM && !Fmt::kFp8;
 
+// Whether the decode kernel of row format Fmt and configuration C is also instantiated with
+// its first tiles issued before the lengths are read (kSpec, decode/split.cuh
+// spec_first_tiles): the one-m-tile configurations that the small-step schedule gives
+// single-request steps (b=1): 8 warps (parts of one tile: up to SMs / 2 tiles for 16-bit
+// rows, SMs for fp8) and, for 16-bit rows, 4 warps (parts of two tiles, up to 2 x SMs).
+template <typename Fmt, typename C>
+constexpr bool kSpecKernel = C::kMTiles == 1 && (C::kWarps == 8 || !Fmt::kFp8);
+
 // Calls f(C{}) for every configuration with_config can pick: the list of instantiations (the
 // decode kernel is instantiated for each, per element type and dense/sparse).
 template <typename F>

@@ -65,6 +65,11 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& a, cudaStre
             if (a.split_within)
                 return launch_pdl(decode_kernel<Fmt, kSparse, C, true>, grid, C::kThreads, s->smem_bytes, st, in.pdl, a);
         }
+        if constexpr (!kSparse && kSpecKernel<Fmt, C>) {
+            if (spec_first_tiles(a))
+                return launch_pdl(decode_kernel<Fmt, false, C, false, true>, grid, C::kThreads, s->smem_bytes, st, in.pdl,
+                                  a);
+        }
         return launch_pdl(decode_kernel<Fmt, kSparse, C>, grid, C::kThreads, s->smem_bytes, st, in.pdl, a);
     }));
     // One part: no request is split, whatever the lengths: nothing to merge.
@@ -232,6 +237,11 @@ cudaError_t set_smem_attr(int bytes) {
             if (e == cudaSuccess)
                 e = cudaFuncSetAttribute(decode_kernel<Fmt, kSparse, C, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          bytes);
+        }
+        if constexpr (!kSparse && kSpecKernel<Fmt, C>) {
+            if (e == cudaSuccess)
+                e = cudaFuncSetAttribute(decode_kernel<Fmt, false, C, false, true>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
         }
     });
     return e;

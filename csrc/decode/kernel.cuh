@@ -43,7 +43,9 @@ __device__ __forceinline__ RowRaw resolve_row(const DecodeArgs& a, const Cursor&
 // makes a RowAddr of them; kNoRow: masked, zero-filled and never read) and record a fault;
 // then the warp streams its rows through the format's copy_row (one shuffle per row, no
 // division).
-template <typename C, bool kSparse>
+// (kRecord false: the speculative first tiles of decode_kernel's kSpec form, issued before the
+// length is known, record nothing; TilePipeline::fix_spec records their faults once it is.)
+template <typename C, bool kSparse, bool kRecord = true>
 __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Cursor& c, const RowRaw& rr, uint8_t* kv_stage,
                                           int32_t* valid_stage) {
     using Fmt = typename C::Format;
@@ -52,7 +54,7 @@ __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Cursor& c, 
     if (lane < C::kRowsPerWarp) {
         const int r = warp * C::kRowsPerWarp + lane;
         const int pos = (c.j << kTileShift) + r;
-        if (pos < c.len) off = entry_row<Fmt, kSparse>(a, rr.entry, pos, c.b, true);
+        if (pos < c.len) off = entry_row<Fmt, kSparse>(a, rr.entry, pos, c.b, kRecord);
         valid_stage[r] = Fmt::has_row(off);
     }
     const uint32_t kv_base = smem_u32(kv_stage);
@@ -206,6 +208,64 @@ struct TilePipeline {
             }
         }
         return ahead;
+    }
+
+    // kSpec (dense, one request, parts of min_chunk tiles whatever the length: the host's
+    // spec_first_tiles): the part's first tiles, lo and (parts of two or more) lo + 1, issued
+    // before the length is known (as if the request had max_len rows; nothing recorded), with
+    // the Q rows. two: a.min_chunk >= 2.
+    RowRaw spec_raw[2];
+    __device__ __forceinline__ void start_spec(const DecodeArgs& a, const SmemPlan<C>& sm, int m_tile, int lo, bool two) {
+        // (both tiles' entries read before either tile's copies: one round trip for both)
+        cur = Cursor{0, lo, a.max_len};
+        next = Cursor{0, lo + 1, a.max_len};
+        spec_raw[0] = resolve_row<C, kSparse>(a, cur);
+        spec_raw[1] = two ? resolve_row<C, kSparse>(a, next) : RowRaw{0};
+        next_raw = spec_raw[1];
+        load_tile<C, kSparse, false>(a, cur, spec_raw[0], sm.kv(0), sm.valid(0));
+        if constexpr (C::kQInSmem) load_q_smem<C, kSparse>(a, 0, m_tile, sm.q());
+        cp_async_commit();
+        if (two) {
+            load_tile<C, kSparse, false>(a, next, spec_raw[1], sm.kv(1), sm.valid(1));
+            cp_async_commit();
+        }
+    }
+    // Once the length is known (the part [lo, hi) found): the cursors take it, the faults of
+    // the speculative tiles' positions below it are recorded, and rows loaded past it (their
+    // entries in range, their bytes anything, NaN included) are zeroed and marked invalid,
+    // after every copy has landed. Returns whether tile lo + 1 is ahead (issued, in the part).
+    __device__ __forceinline__ bool fix_spec(const DecodeArgs& a, int len, const SmemPlan<C>& sm, int lo, int hi,
+                                             bool two) {
+        cur.len = len;
+        next.len = len;
+        const int n = two ? 2 : 1;  // tiles issued by start_spec
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+            const int pos = ((lo + t) << kTileShift) + warp * C::kRowsPerWarp + lane;
+            if (t < n && lane < C::kRowsPerWarp && pos < len)
+                (void)entry_row<typename C::Format, kSparse>(a, spec_raw[t].entry, pos, 0, true);
+        }
+        if (((lo + n) << kTileShift) > len) {  // (uniform) some row was loaded past the length
+            cp_async_wait<0>();
+            __syncthreads();
+#pragma unroll
+            for (int t = 0; t < 2; ++t) {
+                if (t >= n) break;
+                const uint32_t stage = smem_u32(sm.kv(t));
+#pragma unroll
+                for (int i = 0; i < C::kRowsPerWarp; ++i) {
+                    const int r = warp * C::kRowsPerWarp + i;
+                    if (((lo + t) << kTileShift) + r < len) continue;
+                    for (int ch = lane; ch * 16 < C::Format::kSmemRowBytes; ch += 32)
+                        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(stage + r * C::Format::kSmemRowBytes + ch * 16),
+                                     "r"(0));
+                    if (lane == 0) sm.valid(t)[r] = 0;
+                }
+            }
+            __syncthreads();
+        }
+        return two && lo + 1 < hi;
     }
 
     // Waits until tile x is in shared memory and every thread is past the previous tile.
@@ -871,7 +931,10 @@ constexpr int decode_min_ctas() {
 // Fmt: the cache-row format (decode/format.cuh); Tile: the tile configuration (config.cuh);
 // kWithin: parts within requests (MLA_SPLIT_WITHIN_REQUESTS, decode/split.cuh), a separate
 // instantiation so that the flat kernels' code stays as it was (log #75).
-template <typename Fmt, bool kSparse, typename Tile, bool kWithin = false>
+// kSpec: the part's first tiles issued before the lengths are read (dense, one request, parts
+// of min_chunk tiles whatever its length: decode/split.cuh, spec_first_tiles; a separate
+// instantiation, as kWithin).
+template <typename Fmt, bool kSparse, typename Tile, bool kWithin = false, bool kSpec = false>
 __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<Fmt, Tile>>())
     decode_kernel(const DecodeArgs a) {
     using C = KernelConfig<Fmt, Tile>;
@@ -886,11 +949,23 @@ __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<F
     const Lens lens{a.lens, a.max_len};
     const int m_tile = blockIdx.x;
     const int part = blockIdx.y;
+    TilePipeline<C, kSparse> pipe;
+    // kSpec: the length is loaded first, so that its round trip overlaps the table entries'
+    // (a warp issues in order: start_spec stalls on the entries before find_part would issue
+    // the lengths' load, which made the first form of this no faster, log #78 (d))
+    int spec_len_raw = 0;
+    if constexpr (kSpec) {
+        spec_len_raw = a.lens[0];
+        pipe.start_spec(a, sm, m_tile, part * a.min_chunk, a.min_chunk >= 2);
+    }
     // This part's tiles [lo, hi) and its first request and tile, from the lengths.
     const PartPos pp =
         find_part<C::kThreads, kWithin>(a, lens, part, a.check_lens && blockIdx.x == 0 && blockIdx.y == 0, sm.scratch());
     MLA_TRACE_AT(kTraceDecode, kTracePartFound);
-    if (pp.lo >= pp.total) return;
+    if (pp.lo >= pp.total) {
+        if constexpr (kSpec) cp_async_wait<0>();  // (the speculative copies land before the CTA leaves)
+        return;
+    }
     const int lo = pp.lo, hi = pp.hi, first_req = pp.first_req, first_j = pp.first_j;
     if (a.pdl & MLA_PDL_TRIGGER_AT_START) grid_dependents_launch();
 
@@ -901,8 +976,12 @@ __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<F
 
     // The tiles in flight (cursors), whether tile x+1's copies are committed (ahead), whether
     // tile x starts a segment; the first tile (and the second) issued.
-    TilePipeline<C, kSparse> pipe;
-    bool ahead = pipe.start(a, lens, sm, m_tile, first_req, first_j, lo, hi);
+    bool ahead;
+    if constexpr (kSpec) {
+        ahead = pipe.fix_spec(a, Lens::clamp(spec_len_raw, a.max_len), sm, lo, hi, a.min_chunk >= 2);
+    } else {
+        ahead = pipe.start(a, lens, sm, m_tile, first_req, first_j, lo, hi);
+    }
     bool seg_start = true;
     const Cursor& cc = pipe.cur;  // tile x
 

@@ -588,6 +588,17 @@ inline bool within_allowed(const mla_schedule_t* s) {
     return kernel && s->batch <= kWithinMaxBatch && s->batch <= s->num_parts && s->num_parts + s->batch < kWithinMaxParts;
 }
 
+// Whether a dense call may issue its parts' first tiles before the lengths are read (the
+// decode kernel's kSpec form): one request, the flat split, and parts of min_chunk tiles
+// whatever the length (tiles_of(max_len) <= parts * min_chunk: chunk = max(ceil(T / parts),
+// min_chunk) is then min_chunk), so part p's first tile is p * min_chunk before the length
+// is known. (The kernel issues the part's first two tiles early, or its one tile when
+// min_chunk is 1.)
+inline bool spec_first_tiles(const DecodeArgs& a) {
+    return a.batch == 1 && a.lens != nullptr && !a.split_within &&
+           static_cast<int64_t>(Lens::tiles_of(a.max_len)) <= static_cast<int64_t>(a.num_parts) * a.min_chunk;
+}
+
 // The split's arguments from the schedule (combine_rows, split_within) and the kernels'
 // divisors, on the host (DecodeArgs::parts_div, heads_div, closed_*).
 inline void prepare_split(const mla_schedule_t* s, DecodeArgs& a) {

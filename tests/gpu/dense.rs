@@ -624,6 +624,15 @@ fn sanitize_dense_error_flag_reset_round_trip() {
 /// Sets every cache row that no request reads (past each request's seq_len in its own
 /// blocks, and every row of the blocks no request owns) to NaN.
 fn nan_past_lens<T: Half>(s: &mut DenseSetup<T>) {
+    for (slot, r) in read_slots(s).into_iter().enumerate() {
+        if !r {
+            s.cache.row_mut(slot).fill(T::nan());
+        }
+    }
+}
+
+/// Which cache slots `s`'s requests read (positions below their clamped lengths).
+fn read_slots<T: Half>(s: &DenseSetup<T>) -> Vec<bool> {
     let bs = s.cache.block_size;
     let cap = (s.mbps * bs) as i64;
     let mut read = vec![false; s.cache.num_slots()];
@@ -634,9 +643,18 @@ fn nan_past_lens<T: Half>(s: &mut DenseSetup<T>) {
             read[blk * bs + pos % bs] = true;
         }
     }
-    for (slot, &r) in read.iter().enumerate() {
+    read
+}
+
+/// [`nan_past_lens`] for an fp8 cache: every byte of the unread rows 0xff (an e4m3 NaN, and
+/// NaN as an fp32 scale and a bf16 RoPE value).
+fn nan_past_lens_fp8<T: Half>(p: &mut Fp8<DenseSetup<T>>) {
+    let l = p.fp8.layout;
+    let rb = l.format.row_bytes();
+    for (slot, r) in read_slots(&p.inner).into_iter().enumerate() {
         if !r {
-            s.cache.row_mut(slot).fill(T::nan());
+            let at = (slot / l.block_size) * l.block_stride_bytes + (slot % l.block_size) * rb;
+            p.fp8.bytes[at..at + rb].fill(0xff);
         }
     }
 }
@@ -693,6 +711,108 @@ fn sanitize_dense_one_part_nan_past_len() {
                 assert_eq!(faults.len(), 1, "{label}");
                 check_flag_is(&label, flag, fault_code::BAD_BLOCK_ID, 0, -5);
             }
+        }
+    }
+}
+
+/// Single-request steps whose parts have `min_chunk` tiles whatever the length (the decode
+/// kernel's kSpec form: every part's first tiles (two, or one) issued before seq_len is read,
+/// decode/split.cuh `spec_first_tiles`): rows past seq_len hold NaN in the request's blocks and
+/// behind its unused table entries and must not reach the output; entries past seq_len (junk
+/// or not) are not faults; a bad entry inside seq_len, a negative and a too-large seq_len are.
+/// Tables of 4,096 to 16,384 positions (more than SMs / 2 tiles: the 4-warp configurations,
+/// parts of two tiles) and of up to 2,048 (the 8-warp ones, parts of one tile), and fp8 caches
+/// of every kind (8 warps, parts of one tile up to SMs tiles).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dense_one_request_first_tiles_early() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("dense_one_request_first_tiles_early");
+    let cases: [(usize, usize, usize, usize, i32); 20] = [
+        (1, 8, 64, 16, 1000),
+        (1, 8, 16, 128, 2047),
+        (1, 8, 128, 16, 2048),
+        (2, 16, 32, 32, 700),
+        (1, 8, 64, 32, 0),
+        (1, 3, 64, 8, 31),
+        (1, 8, 64, 32, -2),
+        (1, 8, 64, 64, 1),
+        (1, 8, 64, 64, 33),
+        (1, 8, 64, 64, 2047),
+        (1, 8, 64, 64, 4096),
+        (1, 8, 16, 256, 0),
+        (1, 8, 16, 256, 3001),
+        (2, 16, 64, 64, 65),
+        (2, 16, 64, 64, 4000),
+        (1, 8, 64, 256, 16000),
+        (1, 16, 128, 40, 5119),
+        (1, 5, 32, 128, 97),
+        (1, 8, 64, 64, -3),
+        (1, 8, 64, 64, 5000),
+    ];
+    for (i, (q_len, heads, bs, mbps, len)) in cases.into_iter().enumerate() {
+        let junk = i % 2 == 0;
+        let spec = DenseSpec {
+            q_len,
+            heads,
+            block_size: bs,
+            max_blocks_per_seq: mbps,
+            table_pad: 0,
+            block_pad: 8,
+            spare_blocks: 2,
+            junk_unused: junk,
+            seq_lens: vec![len],
+            scale: rng.softmax_scale(),
+        };
+        let label = format!(
+            "one request q_len {q_len} heads {heads} bs {bs} mbps {mbps} len {len} junk {junk}"
+        );
+        let mut s = DenseSetup::<bf16>::build(&mut rng, &spec);
+        nan_past_lens(&mut s);
+        let (flag, faults) = run_small(&label, &mut rng, &stream, &s);
+        assert_eq!(
+            faults.is_empty(),
+            (0..=(mbps * bs) as i32).contains(&len),
+            "{label}"
+        );
+        check_flag(&label, flag, &faults);
+        if len > 40 && (len as usize) <= mbps * bs {
+            // a bad entry inside the length (in the part's second tile when bs is 16 or 32)
+            let mut t = DenseSetup::<f16>::build(&mut rng, &spec);
+            nan_past_lens(&mut t);
+            let col = 40 / bs;
+            t.table[col] = -5;
+            let (flag, faults) = run_small(&label, &mut rng, &stream, &t);
+            assert_eq!(faults.len(), 1, "{label}");
+            check_flag_is(&label, flag, fault_code::BAD_BLOCK_ID, 0, -5);
+        }
+    }
+    let fp8_cases: [(usize, usize, usize, usize, i32); 5] = [
+        (1, 8, 64, 64, 3000),
+        (1, 8, 32, 64, 33),
+        (2, 8, 16, 128, 1500),
+        (1, 3, 64, 32, 2000),
+        (1, 8, 64, 64, 4096),
+    ];
+    for (i, (q_len, heads, bs, mbps, len)) in fp8_cases.into_iter().enumerate() {
+        for kind in FP8_KINDS {
+            let spec = DenseSpec {
+                q_len,
+                heads,
+                block_size: bs,
+                max_blocks_per_seq: mbps,
+                table_pad: 0,
+                block_pad: 8,
+                spare_blocks: 2,
+                junk_unused: i % 2 == 0,
+                seq_lens: vec![len],
+                scale: rng.softmax_scale(),
+            };
+            let label = format!("fp8 {kind:?} one request q_len {q_len} heads {heads} bs {bs} mbps {mbps} len {len}");
+            let s = DenseSetup::<bf16>::build(&mut rng, &spec);
+            let mut p = Fp8::dense(&mut rng, s, kind, 1.0);
+            nan_past_lens_fp8(&mut p);
+            check_problem(&label, &mut rng, &stream, &p, plan_options(false));
         }
     }
 }
