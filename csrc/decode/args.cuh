@@ -57,6 +57,10 @@ struct DecodeArgs {
     // without the rule keep their parameter offsets.
     int32_t split_within;
     FastDiv closed_n;
+    // The closed dense form (decode/split.cuh, closed_dense_parts: the decode kernel's kSpec
+    // form): request b's parts are b * closed_n.d .. (closed_n.d of them, the tiles of
+    // closed_tiles.d split as within requests), whatever the lengths. Set by the launch.
+    int32_t closed_dense;
 };
 
 // Query row m of request b: the token index and head.

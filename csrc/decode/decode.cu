@@ -36,7 +36,8 @@ cudaError_t launch_pdl(void (*kernel)(DecodeArgs), dim3 grid, int threads, int s
 }
 
 template <typename Fmt, bool kSparse>
-mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& a, cudaStream_t st) {
+mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& args, cudaStream_t st) {
+    DecodeArgs a = args;  // (the kSpec launch below sets the closed dense form, which the combine reads too)
     using T = typename Fmt::Elem;
     const mla_schedule_internal_t& in = s->internal;
     if (in.path == MLA_PATH_ROWS) {  // a CTA per (query row, request); nothing to merge
@@ -66,9 +67,12 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& a, cudaStre
                 return launch_pdl(decode_kernel<Fmt, kSparse, C, true>, grid, C::kThreads, s->smem_bytes, st, in.pdl, a);
         }
         if constexpr (!kSparse && kSpecKernel<Fmt, C>) {
-            if (spec_first_tiles(a))
+            if (const int n = closed_dense_parts(a)) {
+                a.closed_dense = 1;
+                a.closed_n = FastDiv::make(n);
                 return launch_pdl(decode_kernel<Fmt, false, C, false, true>, grid, C::kThreads, s->smem_bytes, st, in.pdl,
                                   a);
+            }
         }
         return launch_pdl(decode_kernel<Fmt, kSparse, C>, grid, C::kThreads, s->smem_bytes, st, in.pdl, a);
     }));

@@ -210,43 +210,46 @@ struct TilePipeline {
         return ahead;
     }
 
-    // kSpec (dense, one request, parts of min_chunk tiles whatever the length: the host's
-    // spec_first_tiles): the part's first tiles, lo and (parts of two or more) lo + 1, issued
-    // before the length is known (as if the request had max_len rows; nothing recorded), with
-    // the Q rows. two: a.min_chunk >= 2.
+    // kSpec (the closed dense form, decode/split.cuh closed_dense_parts: every part's position
+    // known before the lengths): the part's first tiles, j and (parts of two or more tiles)
+    // j + 1 of request b, issued before its length is known (as if it had max_len rows;
+    // nothing recorded), with the Q rows.
     RowRaw spec_raw[2];
-    __device__ __forceinline__ void start_spec(const DecodeArgs& a, const SmemPlan<C>& sm, int m_tile, int lo, bool two) {
+    __device__ __forceinline__ void start_spec(const DecodeArgs& a, const SmemPlan<C>& sm, int m_tile, int b, int j,
+                                               bool two) {
         // (both tiles' entries read before either tile's copies: one round trip for both)
-        cur = Cursor{0, lo, a.max_len};
-        next = Cursor{0, lo + 1, a.max_len};
+        cur = Cursor{b, j, a.max_len};
+        next = Cursor{b, j + 1, a.max_len};
         spec_raw[0] = resolve_row<C, kSparse>(a, cur);
         spec_raw[1] = two ? resolve_row<C, kSparse>(a, next) : RowRaw{0};
         next_raw = spec_raw[1];
         load_tile<C, kSparse, false>(a, cur, spec_raw[0], sm.kv(0), sm.valid(0));
-        if constexpr (C::kQInSmem) load_q_smem<C, kSparse>(a, 0, m_tile, sm.q());
+        if constexpr (C::kQInSmem) load_q_smem<C, kSparse>(a, b, m_tile, sm.q());
         cp_async_commit();
         if (two) {
             load_tile<C, kSparse, false>(a, next, spec_raw[1], sm.kv(1), sm.valid(1));
             cp_async_commit();
         }
     }
-    // Once the length is known (the part [lo, hi) found): the cursors take it, the faults of
-    // the speculative tiles' positions below it are recorded, and rows loaded past it (their
-    // entries in range, their bytes anything, NaN included) are zeroed and marked invalid,
-    // after every copy has landed. Returns whether tile lo + 1 is ahead (issued, in the part).
+    // Once the request's length is known (the part's tiles [lo, hi) found): the cursors take
+    // it, the faults of the speculative tiles' positions below it are recorded, and rows
+    // loaded past it (their entries in range, their bytes anything, NaN included) are zeroed
+    // and marked invalid, after every copy has landed. Returns whether tile lo + 1 is ahead
+    // (issued, in the part).
     __device__ __forceinline__ bool fix_spec(const DecodeArgs& a, int len, const SmemPlan<C>& sm, int lo, int hi,
                                              bool two) {
         cur.len = len;
         next.len = len;
         const int n = two ? 2 : 1;  // tiles issued by start_spec
+        const int j0 = cur.j;
         const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
-            const int pos = ((lo + t) << kTileShift) + warp * C::kRowsPerWarp + lane;
+            const int pos = ((j0 + t) << kTileShift) + warp * C::kRowsPerWarp + lane;
             if (t < n && lane < C::kRowsPerWarp && pos < len)
-                (void)entry_row<typename C::Format, kSparse>(a, spec_raw[t].entry, pos, 0, true);
+                (void)entry_row<typename C::Format, kSparse>(a, spec_raw[t].entry, pos, cur.b, true);
         }
-        if (((lo + n) << kTileShift) > len) {  // (uniform) some row was loaded past the length
+        if (((j0 + n) << kTileShift) > len) {  // (uniform) some row was loaded past the length
             cp_async_wait<0>();
             __syncthreads();
 #pragma unroll
@@ -256,7 +259,7 @@ struct TilePipeline {
 #pragma unroll
                 for (int i = 0; i < C::kRowsPerWarp; ++i) {
                     const int r = warp * C::kRowsPerWarp + i;
-                    if (((lo + t) << kTileShift) + r < len) continue;
+                    if (((j0 + t) << kTileShift) + r < len) continue;
                     for (int ch = lane; ch * 16 < C::Format::kSmemRowBytes; ch += 32)
                         asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(stage + r * C::Format::kSmemRowBytes + ch * 16),
                                      "r"(0));
@@ -931,9 +934,9 @@ constexpr int decode_min_ctas() {
 // Fmt: the cache-row format (decode/format.cuh); Tile: the tile configuration (config.cuh);
 // kWithin: parts within requests (MLA_SPLIT_WITHIN_REQUESTS, decode/split.cuh), a separate
 // instantiation so that the flat kernels' code stays as it was (log #75).
-// kSpec: the part's first tiles issued before the lengths are read (dense, one request, parts
-// of min_chunk tiles whatever its length: decode/split.cuh, spec_first_tiles; a separate
-// instantiation, as kWithin).
+// kSpec: the closed dense form (decode/split.cuh closed_dense_parts: every part's request and
+// tiles known before the lengths), the part's first tiles issued with its length's load; a
+// separate instantiation, as kWithin.
 template <typename Fmt, bool kSparse, typename Tile, bool kWithin = false, bool kSpec = false>
 __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<Fmt, Tile>>())
     decode_kernel(const DecodeArgs a) {
@@ -953,14 +956,31 @@ __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<F
     // kSpec: the length is loaded first, so that its round trip overlaps the table entries'
     // (a warp issues in order: start_spec stalls on the entries before find_part would issue
     // the lengths' load, which made the first form of this no faster, log #78 (d))
+    PartPos pp;
     int spec_len_raw = 0;
-    if constexpr (kSpec) {
-        spec_len_raw = a.lens[0];
-        pipe.start_spec(a, sm, m_tile, part * a.min_chunk, a.min_chunk >= 2);
+    bool spec_two = false;
+    if constexpr (kSpec) {  // the closed dense form: request first_req's part i, its tiles from j
+        const int n = a.closed_n.d, t = a.closed_tiles.d;
+        const int q = a.closed_n.div(t), r = t - q * n;
+        pp.first_req = a.closed_n.div(part);
+        const int i = part - pp.first_req * n;
+        if (pp.first_req >= a.batch) return;  // (a grid wider than batch * n parts)
+        pp.first_j = within_lo(i, q, r);
+        const int size = q + (i < r ? 1 : 0);
+        spec_two = size >= 2;
+        spec_len_raw = a.lens[pp.first_req];
+        pipe.start_spec(a, sm, m_tile, pp.first_req, pp.first_j, spec_two);
+        // (the lengths' faults: each request's by its first part, m-tile 0)
+        if (a.check_lens && i == 0 && m_tile == 0) Lens::record_bad(pp.first_req, spec_len_raw, a.max_len, a.check_lens, a.flag);
+        const int tb = Lens::tiles_of(Lens::clamp(spec_len_raw, a.max_len));
+        pp.total = a.batch * t;  // (tiles as numbered in the closed form, t per request)
+        pp.lo = pp.first_j < tb ? pp.first_req * t + pp.first_j : pp.total;
+        pp.hi = pp.lo + min(size, tb - pp.first_j);
+    } else {
+        // This part's tiles [lo, hi) and its first request and tile, from the lengths.
+        pp = find_part<C::kThreads, kWithin>(a, lens, part, a.check_lens && blockIdx.x == 0 && blockIdx.y == 0,
+                                             sm.scratch());
     }
-    // This part's tiles [lo, hi) and its first request and tile, from the lengths.
-    const PartPos pp =
-        find_part<C::kThreads, kWithin>(a, lens, part, a.check_lens && blockIdx.x == 0 && blockIdx.y == 0, sm.scratch());
     MLA_TRACE_AT(kTraceDecode, kTracePartFound);
     if (pp.lo >= pp.total) {
         if constexpr (kSpec) cp_async_wait<0>();  // (the speculative copies land before the CTA leaves)
@@ -978,7 +998,7 @@ __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<F
     // tile x starts a segment; the first tile (and the second) issued.
     bool ahead;
     if constexpr (kSpec) {
-        ahead = pipe.fix_spec(a, Lens::clamp(spec_len_raw, a.max_len), sm, lo, hi, a.min_chunk >= 2);
+        ahead = pipe.fix_spec(a, Lens::clamp(spec_len_raw, a.max_len), sm, lo, hi, spec_two);
     } else {
         ahead = pipe.start(a, lens, sm, m_tile, first_req, first_j, lo, hi);
     }

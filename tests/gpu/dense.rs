@@ -715,43 +715,53 @@ fn sanitize_dense_one_part_nan_past_len() {
     }
 }
 
-/// Single-request steps whose parts have `min_chunk` tiles whatever the length (the decode
-/// kernel's kSpec form: every part's first tiles (two, or one) issued before seq_len is read,
-/// decode/split.cuh `spec_first_tiles`): rows past seq_len hold NaN in the request's blocks and
-/// behind its unused table entries and must not reach the output; entries past seq_len (junk
-/// or not) are not faults; a bad entry inside seq_len, a negative and a too-large seq_len are.
-/// Tables of 4,096 to 16,384 positions (more than SMs / 2 tiles: the 4-warp configurations,
-/// parts of two tiles) and of up to 2,048 (the 8-warp ones, parts of one tile), and fp8 caches
-/// of every kind (8 warps, parts of one tile up to SMs tiles).
+/// Small dense steps in the closed dense form (decode/split.cuh `closed_dense_parts`: every
+/// request's parts of at most `min_chunk` tiles, known before the lengths, so the decode
+/// kernel's kSpec form issues each part's first tiles before seq_len is read): rows past
+/// seq_len hold NaN in the requests' blocks and behind their unused table entries and must not
+/// reach the output; entries past seq_len (junk or not) are not faults; a bad entry inside
+/// seq_len, a negative and a too-large seq_len are. One request and several (mixed lengths,
+/// empty ones), tables of up to 2,048 positions (the 8-warp configurations, parts of one
+/// tile) and of 4,096 to 16,384 (4 warps, parts of two tiles), and fp8 caches of every kind.
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn dense_one_request_first_tiles_early() {
+fn dense_closed_form_first_tiles_early() {
     let (_ctx, stream) = gpu();
-    let mut rng = rng_for("dense_one_request_first_tiles_early");
-    let cases: [(usize, usize, usize, usize, i32); 20] = [
-        (1, 8, 64, 16, 1000),
-        (1, 8, 16, 128, 2047),
-        (1, 8, 128, 16, 2048),
-        (2, 16, 32, 32, 700),
-        (1, 8, 64, 32, 0),
-        (1, 3, 64, 8, 31),
-        (1, 8, 64, 32, -2),
-        (1, 8, 64, 64, 1),
-        (1, 8, 64, 64, 33),
-        (1, 8, 64, 64, 2047),
-        (1, 8, 64, 64, 4096),
-        (1, 8, 16, 256, 0),
-        (1, 8, 16, 256, 3001),
-        (2, 16, 64, 64, 65),
-        (2, 16, 64, 64, 4000),
-        (1, 8, 64, 256, 16000),
-        (1, 16, 128, 40, 5119),
-        (1, 5, 32, 128, 97),
-        (1, 8, 64, 64, -3),
-        (1, 8, 64, 64, 5000),
+    let mut rng = rng_for("dense_closed_form_first_tiles_early");
+    let cases: Vec<(usize, usize, usize, usize, Vec<i32>)> = vec![
+        (1, 8, 64, 16, vec![1000]),
+        (1, 8, 16, 128, vec![2047]),
+        (1, 8, 128, 16, vec![2048]),
+        (2, 16, 32, 32, vec![700]),
+        (1, 8, 64, 32, vec![0]),
+        (1, 3, 64, 8, vec![31]),
+        (1, 8, 64, 32, vec![-2]),
+        (1, 8, 64, 64, vec![1]),
+        (1, 8, 64, 64, vec![33]),
+        (1, 8, 64, 64, vec![2047]),
+        (1, 8, 64, 64, vec![4096]),
+        (1, 8, 16, 256, vec![0]),
+        (1, 8, 16, 256, vec![3001]),
+        (2, 16, 64, 64, vec![65]),
+        (2, 16, 64, 64, vec![4000]),
+        (1, 8, 64, 256, vec![16000]),
+        (1, 16, 128, 40, vec![5119]),
+        (1, 5, 32, 128, vec![97]),
+        (1, 8, 64, 64, vec![-3]),
+        (1, 8, 64, 64, vec![5000]),
+        (1, 8, 64, 32, vec![2048, 100]),
+        (1, 8, 64, 32, vec![0, 2048, 5, 1999]),
+        (1, 8, 16, 64, vec![1024, 1024]),
+        (2, 8, 64, 16, vec![700, 1, 1024]),
+        (1, 8, 64, 16, vec![1024, -1, 1025]),
+        (1, 16, 32, 32, vec![1000, 1000, 1000, 1000]),
+        (1, 8, 64, 64, vec![4096, 4096]),
+        (1, 8, 64, 64, vec![4000, 33]),
+        (1, 3, 128, 8, vec![1000, 50, 1024, 0, 7, 300, 1023, 1024]),
     ];
-    for (i, (q_len, heads, bs, mbps, len)) in cases.into_iter().enumerate() {
+    for (i, (q_len, heads, bs, mbps, lens)) in cases.into_iter().enumerate() {
         let junk = i % 2 == 0;
+        let cap = (mbps * bs) as i32;
         let spec = DenseSpec {
             q_len,
             heads,
@@ -761,23 +771,19 @@ fn dense_one_request_first_tiles_early() {
             block_pad: 8,
             spare_blocks: 2,
             junk_unused: junk,
-            seq_lens: vec![len],
+            seq_lens: lens.clone(),
             scale: rng.softmax_scale(),
         };
-        let label = format!(
-            "one request q_len {q_len} heads {heads} bs {bs} mbps {mbps} len {len} junk {junk}"
-        );
+        let label =
+            format!("q_len {q_len} heads {heads} bs {bs} mbps {mbps} lens {lens:?} junk {junk}");
         let mut s = DenseSetup::<bf16>::build(&mut rng, &spec);
         nan_past_lens(&mut s);
         let (flag, faults) = run_small(&label, &mut rng, &stream, &s);
-        assert_eq!(
-            faults.is_empty(),
-            (0..=(mbps * bs) as i32).contains(&len),
-            "{label}"
-        );
+        let lens_ok = lens.iter().all(|l| (0..=cap).contains(l));
+        assert_eq!(faults.is_empty(), lens_ok, "{label}");
         check_flag(&label, flag, &faults);
-        if len > 40 && (len as usize) <= mbps * bs {
-            // a bad entry inside the length (in the part's second tile when bs is 16 or 32)
+        if lens_ok && lens[0] > 40 {
+            // a bad entry inside request 0's length (in the part's second tile when bs is 16 or 32)
             let mut t = DenseSetup::<f16>::build(&mut rng, &spec);
             nan_past_lens(&mut t);
             let col = 40 / bs;
@@ -787,14 +793,15 @@ fn dense_one_request_first_tiles_early() {
             check_flag_is(&label, flag, fault_code::BAD_BLOCK_ID, 0, -5);
         }
     }
-    let fp8_cases: [(usize, usize, usize, usize, i32); 5] = [
-        (1, 8, 64, 64, 3000),
-        (1, 8, 32, 64, 33),
-        (2, 8, 16, 128, 1500),
-        (1, 3, 64, 32, 2000),
-        (1, 8, 64, 64, 4096),
+    let fp8_cases: Vec<(usize, usize, usize, usize, Vec<i32>)> = vec![
+        (1, 8, 64, 64, vec![3000]),
+        (1, 8, 32, 64, vec![33]),
+        (2, 8, 16, 128, vec![1500]),
+        (1, 3, 64, 32, vec![2000]),
+        (1, 8, 64, 64, vec![4096]),
+        (1, 8, 64, 32, vec![2048, 0, 700]),
     ];
-    for (i, (q_len, heads, bs, mbps, len)) in fp8_cases.into_iter().enumerate() {
+    for (i, (q_len, heads, bs, mbps, lens)) in fp8_cases.into_iter().enumerate() {
         for kind in FP8_KINDS {
             let spec = DenseSpec {
                 q_len,
@@ -805,10 +812,12 @@ fn dense_one_request_first_tiles_early() {
                 block_pad: 8,
                 spare_blocks: 2,
                 junk_unused: i % 2 == 0,
-                seq_lens: vec![len],
+                seq_lens: lens.clone(),
                 scale: rng.softmax_scale(),
             };
-            let label = format!("fp8 {kind:?} one request q_len {q_len} heads {heads} bs {bs} mbps {mbps} len {len}");
+            let label = format!(
+                "fp8 {kind:?} q_len {q_len} heads {heads} bs {bs} mbps {mbps} lens {lens:?}"
+            );
             let s = DenseSetup::<bf16>::build(&mut rng, &spec);
             let mut p = Fp8::dense(&mut rng, s, kind, 1.0);
             nan_past_lens_fp8(&mut p);
