@@ -338,8 +338,9 @@ struct LongSplit {
 // false if there are at most k. With a kRule also the long split requests, in request order,
 // into long_list (at most kMaxLong; *n_long gets how many were listed; kLongByWarps only when
 // batch <= kThreads, which 8 warps per row imply: parts > 16 x batch). Every thread calls it;
-// scratch holds split_scratch_ints<kThreads>() ints.
-template <int kThreads, int kRule = kNoLong>
+// scratch holds split_scratch_ints<kThreads>() ints. kSparse: a sparse call's (never the closed dense form: the
+// sparse combine kernels do not carry its code).
+template <int kThreads, int kRule = kNoLong, bool kSparse = false>
 __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens, int k, int* scratch, int* found,
                                            LongSplit* long_list = nullptr, int* n_long = nullptr) {
     constexpr int kW = kThreads / 32;
@@ -371,7 +372,7 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
     // Request b's first and last part and its tail bit (tiles [start, start + t)): the flat
     // split, or closed_n parts per request in the closed form within requests.
     auto bounds = [&](int b, int start, int t, int chunk, int& first, int& last, int& tail) {
-        if (a.closed_dense) {  // closed_n parts per request, those with tiles
+        if (!kSparse && a.closed_dense) {  // closed_n parts per request, those with tiles (dense only)
             const int n = a.closed_n.d, q = a.closed_n.div(a.closed_tiles.d);
             first = b * n;
             last = first + (t > 0 ? closed_dense_pieces(t, q, a.closed_tiles.d - q * n) : 1) - 1;
