@@ -57,10 +57,11 @@ struct DecodeArgs {
     // without the rule keep their parameter offsets.
     int32_t split_within;
     FastDiv closed_n;
-    // The closed dense form (decode/split.cuh, closed_dense_parts: the decode kernel's kSpec
-    // form): request b's parts are b * closed_n.d .. (closed_n.d of them, the tiles of
-    // closed_tiles.d split as within requests), whatever the lengths. Set by the launch.
-    int32_t closed_dense;
+    // The closed form with lengths (decode/split.cuh, closed_lens_parts: the decode kernel's
+    // kSpec form): request b's parts are b * closed_n.d .. b * closed_n.d + closed_n.d - 1,
+    // part i its tiles [i * min_chunk, + min_chunk) (closed_chunk.d = min_chunk then), whatever
+    // the lengths. Set by the launch.
+    int32_t closed_lens;
 };
 
 // Query row m of request b: the token index and head.

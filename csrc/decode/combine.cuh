@@ -256,7 +256,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Decod
     // The lengths are inputs, not decode's output: this runs while decode finishes (with
     // PDL every decode CTA has passed its own wait, so whatever wrote them is complete);
     // only the pieces need the wait.
-    const bool found = find_split<kCombineWarps * 32, kNoLong, kSparse>(a, lens, k, sh.scratch, found_s);
+    const bool found = find_split<kCombineWarps * 32>(a, lens, k, sh.scratch, found_s);
     if (!found) return;
     MLA_TRACE_AT(kTraceCombine, kTraceSplitFound);
     grid_dependency_wait();
@@ -297,7 +297,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32, kSlices == 4 ? 5 : 4) comb
     // The k-th split request and the long ones, from the lengths, before the wait (as
     // combine_kernel).
     int n_long;
-    const bool found = find_split<kCombineWarps * 32, kByWarps ? kLongByWarps : kLongByWarp, kSparse>(
+    const bool found = find_split<kCombineWarps * 32, kByWarps ? kLongByWarps : kLongByWarp>(
         a, lens, blockIdx.x, sh.scratch, found_s, long_s, &n_long);
     if (!found && n_long == 0) return;
     MLA_TRACE_AT(kTraceCombine, kTraceSplitFound);

@@ -172,8 +172,8 @@ template <typename Fmt, typename C>
 constexpr bool kWithinKernel = !C::kHalfM && !Fmt::kFp8;
 
 // Whether the decode kernel of row format Fmt and configuration C is also instantiated with
-// its first tiles issued before the lengths are read (kSpec: the closed dense form,
-// decode/split.cuh closed_dense_parts): the one-m-tile configurations that the small-step
+// its first tiles issued before the lengths are read (kSpec: the closed form with lengths,
+// decode/split.cuh closed_lens_parts), dense and sparse: the one-m-tile configurations that the small-step
 // schedule picks: 8 warps (parts of one tile: up to SMs / 2 tiles for 16-bit rows, SMs for
 // fp8) and, for 16-bit rows, 4 warps (parts of two tiles, up to 2 x SMs).
 template <typename Fmt, typename C>

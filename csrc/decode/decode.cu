@@ -37,7 +37,7 @@ cudaError_t launch_pdl(void (*kernel)(DecodeArgs), dim3 grid, int threads, int s
 
 template <typename Fmt, bool kSparse>
 mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& args, cudaStream_t st) {
-    DecodeArgs a = args;  // (the kSpec launch below sets the closed dense form, which the combine reads too)
+    DecodeArgs a = args;  // (the kSpec launch below sets the closed form with lengths, which the combine reads too)
     using T = typename Fmt::Elem;
     const mla_schedule_internal_t& in = s->internal;
     if (in.path == MLA_PATH_ROWS) {  // a CTA per (query row, request); nothing to merge
@@ -66,12 +66,13 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& args, cudaS
             if (a.split_within)
                 return launch_pdl(decode_kernel<Fmt, kSparse, C, true>, grid, C::kThreads, s->smem_bytes, st, in.pdl, a);
         }
-        if constexpr (!kSparse && kSpecKernel<Fmt, C>) {
-            if (const int n = closed_dense_parts(a)) {
-                a.closed_dense = 1;
+        if constexpr (kSpecKernel<Fmt, C>) {
+            if (const int n = closed_lens_parts(a)) {
+                a.closed_lens = 1;
                 a.closed_n = FastDiv::make(n);
-                return launch_pdl(decode_kernel<Fmt, false, C, false, true>, grid, C::kThreads, s->smem_bytes, st, in.pdl,
-                                  a);
+                a.closed_chunk = FastDiv::make(a.min_chunk);
+                return launch_pdl(decode_kernel<Fmt, kSparse, C, false, true>, grid, C::kThreads, s->smem_bytes, st,
+                                  in.pdl, a);
             }
         }
         return launch_pdl(decode_kernel<Fmt, kSparse, C>, grid, C::kThreads, s->smem_bytes, st, in.pdl, a);
@@ -242,9 +243,9 @@ cudaError_t set_smem_attr(int bytes) {
                 e = cudaFuncSetAttribute(decode_kernel<Fmt, kSparse, C, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          bytes);
         }
-        if constexpr (!kSparse && kSpecKernel<Fmt, C>) {
+        if constexpr (kSpecKernel<Fmt, C>) {
             if (e == cudaSuccess)
-                e = cudaFuncSetAttribute(decode_kernel<Fmt, false, C, false, true>,
+                e = cudaFuncSetAttribute(decode_kernel<Fmt, kSparse, C, false, true>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
         }
     });

@@ -43,9 +43,7 @@ __device__ __forceinline__ RowRaw resolve_row(const DecodeArgs& a, const Cursor&
 // makes a RowAddr of them; kNoRow: masked, zero-filled and never read) and record a fault;
 // then the warp streams its rows through the format's copy_row (one shuffle per row, no
 // division).
-// (kRecord false: the speculative first tiles of decode_kernel's kSpec form, issued before the
-// length is known, record nothing; TilePipeline::fix_spec records their faults once it is.)
-template <typename C, bool kSparse, bool kRecord = true>
+template <typename C, bool kSparse>
 __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Cursor& c, const RowRaw& rr, uint8_t* kv_stage,
                                           int32_t* valid_stage) {
     using Fmt = typename C::Format;
@@ -54,7 +52,7 @@ __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Cursor& c, 
     if (lane < C::kRowsPerWarp) {
         const int r = warp * C::kRowsPerWarp + lane;
         const int pos = (c.j << kTileShift) + r;
-        if (pos < c.len) off = entry_row<Fmt, kSparse>(a, rr.entry, pos, c.b, kRecord);
+        if (pos < c.len) off = entry_row<Fmt, kSparse>(a, rr.entry, pos, c.b, true);
         valid_stage[r] = Fmt::has_row(off);
     }
     const uint32_t kv_base = smem_u32(kv_stage);
@@ -210,65 +208,31 @@ struct TilePipeline {
         return ahead;
     }
 
-    // kSpec (the closed dense form, decode/split.cuh closed_dense_parts: every part's position
-    // known before the lengths): the part's first tiles, j and (parts of two or more tiles)
-    // j + 1 of request b, issued before its length is known (as if it had max_len rows;
-    // nothing recorded), with the Q rows.
+    // kSpec (the closed form with lengths, decode/split.cuh closed_lens_parts: every part's
+    // request b and first tile j known before the lengths): the entries of tiles j and (parts
+    // of two or more tiles: two) j + 1, read with the length's load.
     RowRaw spec_raw[2];
-    __device__ __forceinline__ void start_spec(const DecodeArgs& a, const SmemPlan<C>& sm, int m_tile, int b, int j,
-                                               bool two) {
-        // (both tiles' entries read before either tile's copies: one round trip for both)
-        cur = Cursor{b, j, a.max_len};
-        next = Cursor{b, j + 1, a.max_len};
-        spec_raw[0] = resolve_row<C, kSparse>(a, cur);
-        spec_raw[1] = two ? resolve_row<C, kSparse>(a, next) : RowRaw{0};
-        next_raw = spec_raw[1];
-        load_tile<C, kSparse, false>(a, cur, spec_raw[0], sm.kv(0), sm.valid(0));
+    __device__ __forceinline__ void spec_entries(const DecodeArgs& a, int b, int j, bool two) {
+        spec_raw[0] = resolve_row<C, kSparse>(a, Cursor{b, j, a.max_len});
+        spec_raw[1] = two ? resolve_row<C, kSparse>(a, Cursor{b, j + 1, a.max_len}) : RowRaw{0};
+    }
+    // Once the length is known (the part's tiles [lo, hi), lo < hi, from tile j of request b):
+    // issues tile j with the Q rows, and tile j + 1 when it is in the part, from spec_entries'
+    // entries, as start does; returns whether tile lo + 1 is ahead.
+    __device__ __forceinline__ bool start_known(const DecodeArgs& a, const SmemPlan<C>& sm, int m_tile, int b, int j,
+                                                int len, int lo, int hi) {
+        cur = Cursor{b, j, len};
+        load_tile<C, kSparse>(a, cur, spec_raw[0], sm.kv(0), sm.valid(0));
         if constexpr (C::kQInSmem) load_q_smem<C, kSparse>(a, b, m_tile, sm.q());
         cp_async_commit();
-        if (two) {
-            load_tile<C, kSparse, false>(a, next, spec_raw[1], sm.kv(1), sm.valid(1));
+        next = Cursor{b, j + 1, len};
+        next_raw = spec_raw[1];
+        if (lo + 1 < hi) {
+            load_tile<C, kSparse>(a, next, next_raw, sm.kv(1), sm.valid(1));
             cp_async_commit();
+            return true;
         }
-    }
-    // Once the request's length is known (the part's tiles [lo, hi) found): the cursors take
-    // it, the faults of the speculative tiles' positions below it are recorded, and rows
-    // loaded past it (their entries in range, their bytes anything, NaN included) are zeroed
-    // and marked invalid, after every copy has landed. Returns whether tile lo + 1 is ahead
-    // (issued, in the part).
-    __device__ __forceinline__ bool fix_spec(const DecodeArgs& a, int len, const SmemPlan<C>& sm, int lo, int hi,
-                                             bool two) {
-        cur.len = len;
-        next.len = len;
-        const int n = two ? 2 : 1;  // tiles issued by start_spec
-        const int j0 = cur.j;
-        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-        for (int t = 0; t < 2; ++t) {
-            const int pos = ((j0 + t) << kTileShift) + warp * C::kRowsPerWarp + lane;
-            if (t < n && lane < C::kRowsPerWarp && pos < len)
-                (void)entry_row<typename C::Format, kSparse>(a, spec_raw[t].entry, pos, cur.b, true);
-        }
-        if (((j0 + n) << kTileShift) > len) {  // (uniform) some row was loaded past the length
-            cp_async_wait<0>();
-            __syncthreads();
-#pragma unroll
-            for (int t = 0; t < 2; ++t) {
-                if (t >= n) break;
-                const uint32_t stage = smem_u32(sm.kv(t));
-#pragma unroll
-                for (int i = 0; i < C::kRowsPerWarp; ++i) {
-                    const int r = warp * C::kRowsPerWarp + i;
-                    if (((j0 + t) << kTileShift) + r < len) continue;
-                    for (int ch = lane; ch * 16 < C::Format::kSmemRowBytes; ch += 32)
-                        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(stage + r * C::Format::kSmemRowBytes + ch * 16),
-                                     "r"(0));
-                    if (lane == 0) sm.valid(t)[r] = 0;
-                }
-            }
-            __syncthreads();
-        }
-        return two && lo + 1 < hi;
+        return false;
     }
 
     // Waits until tile x is in shared memory and every thread is past the previous tile.
@@ -934,7 +898,7 @@ constexpr int decode_min_ctas() {
 // Fmt: the cache-row format (decode/format.cuh); Tile: the tile configuration (config.cuh);
 // kWithin: parts within requests (MLA_SPLIT_WITHIN_REQUESTS, decode/split.cuh), a separate
 // instantiation so that the flat kernels' code stays as it was (log #75).
-// kSpec: the closed dense form (decode/split.cuh closed_dense_parts: every part's request and
+// kSpec: the closed form with lengths (decode/split.cuh closed_lens_parts: every part's request and
 // tiles known before the lengths), the part's first tiles issued with its length's load; a
 // separate instantiation, as kWithin.
 template <typename Fmt, bool kSparse, typename Tile, bool kWithin = false, bool kSpec = false>
@@ -953,23 +917,22 @@ __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<F
     const int m_tile = blockIdx.x;
     const int part = blockIdx.y;
     TilePipeline<C, kSparse> pipe;
-    // kSpec: the length is loaded first, so that its round trip overlaps the table entries'
-    // (a warp issues in order: start_spec stalls on the entries before find_part would issue
-    // the lengths' load, which made the first form of this no faster, log #78 (d))
+    // kSpec: the request's length is loaded first, then its first tiles' entries, so that the
+    // two round trips overlap (a warp issues in order: log #78 (d)'s first form loaded the
+    // length after the entries and kept three round trips); the tiles' copies wait for both
+    // (issuing them before the length, as if the request had max_len rows, gained nothing more
+    // and read rows past the length: log #79)
     PartPos pp;
     int spec_len_raw = 0;
-    bool spec_two = false;
-    if constexpr (kSpec) {  // the closed dense form: request first_req's part i, its tiles from j
+    if constexpr (kSpec) {  // the closed form with lengths: request first_req's part i
         const int n = a.closed_n.d, t = a.closed_tiles.d;
-        const int q = a.closed_n.div(t), r = t - q * n;
         pp.first_req = a.closed_n.div(part);
         const int i = part - pp.first_req * n;
         if (pp.first_req >= a.batch) return;  // (a grid wider than batch * n parts)
-        pp.first_j = within_lo(i, q, r);
-        const int size = q + (i < r ? 1 : 0);
-        spec_two = size >= 2;
+        pp.first_j = i * a.min_chunk;
+        const int size = min(a.min_chunk, t - pp.first_j);  // (>= 1: i < n = ceil(t / min_chunk))
         spec_len_raw = a.lens[pp.first_req];
-        pipe.start_spec(a, sm, m_tile, pp.first_req, pp.first_j, spec_two);
+        pipe.spec_entries(a, pp.first_req, pp.first_j, size >= 2);
         // (the lengths' faults: each request's by its first part, m-tile 0)
         if (a.check_lens && i == 0 && m_tile == 0) Lens::record_bad(pp.first_req, spec_len_raw, a.max_len, a.check_lens, a.flag);
         const int tb = Lens::tiles_of(Lens::clamp(spec_len_raw, a.max_len));
@@ -982,10 +945,7 @@ __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<F
                                              sm.scratch());
     }
     MLA_TRACE_AT(kTraceDecode, kTracePartFound);
-    if (pp.lo >= pp.total) {
-        if constexpr (kSpec) cp_async_wait<0>();  // (the speculative copies land before the CTA leaves)
-        return;
-    }
+    if (pp.lo >= pp.total) return;
     const int lo = pp.lo, hi = pp.hi, first_req = pp.first_req, first_j = pp.first_j;
     if (a.pdl & MLA_PDL_TRIGGER_AT_START) grid_dependents_launch();
 
@@ -998,7 +958,7 @@ __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<F
     // tile x starts a segment; the first tile (and the second) issued.
     bool ahead;
     if constexpr (kSpec) {
-        ahead = pipe.fix_spec(a, Lens::clamp(spec_len_raw, a.max_len), sm, lo, hi, spec_two);
+        ahead = pipe.start_known(a, sm, m_tile, first_req, first_j, Lens::clamp(spec_len_raw, a.max_len), lo, hi);
     } else {
         ahead = pipe.start(a, lens, sm, m_tile, first_req, first_j, lo, hi);
     }

@@ -73,12 +73,6 @@ __host__ __device__ __forceinline__ int ceil_div_pos(int x, int d) {  // x, d >=
 // First tile, within its request of t = q n + r tiles in n parts, of part i (0 <= i <= n):
 // parts 0..r-1 have q + 1 tiles, the others q.
 __host__ __device__ __forceinline__ int within_lo(int i, int q, int r) { return i * q + (i < r ? i : r); }
-// How many of a closed dense request's parts (closed_dense_parts, below) have tiles, for a request of tb tiles
-// (1 <= tb <= t = q n + r, the closed form's tiles per request).
-__host__ __device__ __forceinline__ int closed_dense_pieces(int tb, int q, int r) {
-    const int big = r * (q + 1);  // the tiles of the first r parts
-    return tb <= big ? ceil_div_pos(tb, q + 1) : r + ceil_div_pos(tb - big, q);
-}
 // The pick from both candidates' counts (packed: c0 in the low 16 bits, c1 in the high; incl:
 // the inclusive prefix of this request's pair, sum: the total pair): false where neither fits
 // num_parts (flat), else this request's parts (*n) and first part (*first) and the parts used.
@@ -338,9 +332,8 @@ struct LongSplit {
 // false if there are at most k. With a kRule also the long split requests, in request order,
 // into long_list (at most kMaxLong; *n_long gets how many were listed; kLongByWarps only when
 // batch <= kThreads, which 8 warps per row imply: parts > 16 x batch). Every thread calls it;
-// scratch holds split_scratch_ints<kThreads>() ints. kSparse: a sparse call's (never the closed dense form: the
-// sparse combine kernels do not carry its code).
-template <int kThreads, int kRule = kNoLong, bool kSparse = false>
+// scratch holds split_scratch_ints<kThreads>() ints.
+template <int kThreads, int kRule = kNoLong>
 __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens, int k, int* scratch, int* found,
                                            LongSplit* long_list = nullptr, int* n_long = nullptr) {
     constexpr int kW = kThreads / 32;
@@ -372,10 +365,9 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
     // Request b's first and last part and its tail bit (tiles [start, start + t)): the flat
     // split, or closed_n parts per request in the closed form within requests.
     auto bounds = [&](int b, int start, int t, int chunk, int& first, int& last, int& tail) {
-        if (!kSparse && a.closed_dense) {  // closed_n parts per request, those with tiles (dense only)
-            const int n = a.closed_n.d, q = a.closed_n.div(a.closed_tiles.d);
-            first = b * n;
-            last = first + (t > 0 ? closed_dense_pieces(t, q, a.closed_tiles.d - q * n) : 1) - 1;
+        if (a.closed_lens) {  // closed_n parts per request, ceil(t / min_chunk) of them with tiles
+            first = b * a.closed_n.d;
+            last = first + (t > 0 ? a.closed_chunk.div(t - 1) : 0);
             tail = 0;
             return;
         }
@@ -602,16 +594,16 @@ inline bool within_allowed(const mla_schedule_t* s) {
     return kernel && s->batch <= kWithinMaxBatch && s->batch <= s->num_parts && s->num_parts + s->batch < kWithinMaxParts;
 }
 
-// ---- the closed dense form (the decode kernel's kSpec form) -------------------------------
-// Dense steps whose every request, at the call's max_len, fits n = ceil(tiles_of(max_len) /
-// min_chunk) parts of at most min_chunk tiles, with batch * n <= num_parts: request b gets
-// parts b*n .. b*n + n - 1, its part i the tiles [within_lo(i, q, r), within_lo(i + 1, q, r))
-// of t = tiles_of(max_len) = q n + r (parts of q + 1 or q <= min_chunk tiles) cut at the
-// request's own tiles; the parts past them have none. The flat split gives the same parts
-// (min_chunk tiles, at most) but for parts across requests, which this form never has. Every
-// part's position is then known before the lengths, so its CTA issues its first tiles with
-// the length's load (decode_kernel kSpec). Returns n, or 0 where the form does not apply.
-inline int closed_dense_parts(const DecodeArgs& a) {
+// ---- the closed form with lengths (small steps; the decode kernel's kSpec form) ------------
+// A call with lengths (dense seq_lens, sparse topk_len) on the flat split whose every request,
+// at the call's max_len, fits n = ceil(tiles_of(max_len) / min_chunk) parts, with batch * n <=
+// num_parts: request b gets parts b*n .. b*n + n - 1, its part i the tiles [i * min_chunk,
+// + min_chunk) cut at the request's own tiles(b); the parts past them have none, and request b
+// has ceil(tiles(b) / min_chunk) pieces. The parts are as long as the flat split's (which is
+// then min_chunk tiles whatever the lengths) but never span two requests. Every part's request
+// and tiles are known before the lengths, so its CTA issues its first tiles with the length's
+// load (decode_kernel kSpec). Returns n, or 0 where the form does not apply.
+inline int closed_lens_parts(const DecodeArgs& a) {
     if (a.lens == nullptr || a.split_within || a.batch > a.num_parts || a.min_chunk < 1) return 0;
     const int n = ceil_div_pos(Lens::tiles_of(a.max_len), a.min_chunk);
     return n <= a.num_parts / a.batch ? n : 0;
@@ -631,7 +623,7 @@ inline void prepare_split(const mla_schedule_t* s, DecodeArgs& a) {
     // Within requests in the closed form: n parts per request for the first candidate chunk
     // whose batch * n parts fit (the kernels' rule with equal lengths), else flat (d = 0).
     a.closed_n = FastDiv{0, 0, 0};
-    a.closed_dense = 0;  // (the launch sets it, with closed_n, where it takes the kSpec kernel)
+    a.closed_lens = 0;  // (the launch sets it, with closed_n and closed_chunk, where it takes the kSpec kernel)
     if (a.split_within) {
         const int t = a.closed_tiles.d, chunk = a.closed_chunk.d;
         for (const int c : {chunk, within_chunk(chunk)}) {

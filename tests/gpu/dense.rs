@@ -715,14 +715,14 @@ fn sanitize_dense_one_part_nan_past_len() {
     }
 }
 
-/// Small dense steps in the closed dense form (decode/split.cuh `closed_dense_parts`: every
-/// request's parts of at most `min_chunk` tiles, known before the lengths, so the decode
-/// kernel's kSpec form issues each part's first tiles before seq_len is read): rows past
-/// seq_len hold NaN in the requests' blocks and behind their unused table entries and must not
-/// reach the output; entries past seq_len (junk or not) are not faults; a bad entry inside
-/// seq_len, a negative and a too-large seq_len are. One request and several (mixed lengths,
-/// empty ones), tables of up to 2,048 positions (the 8-warp configurations, parts of one
-/// tile) and of 4,096 to 16,384 (4 warps, parts of two tiles), and fp8 caches of every kind.
+/// Small dense steps in the closed form with lengths (decode/split.cuh `closed_lens_parts`:
+/// every request's parts of at most `min_chunk` tiles, known before the lengths, so the decode
+/// kernel's kSpec form reads each part's first table entries with seq_len): rows past seq_len
+/// hold NaN in the requests' blocks and behind their unused table entries and must not reach
+/// the output; entries past seq_len (junk or not) are not faults; a bad entry inside seq_len, a
+/// negative and a too-large seq_len are. One request and several (mixed lengths, empty ones),
+/// tables of up to 2,048 positions (the 8-warp configurations, parts of one tile) and of 4,096
+/// to 16,384 (4 warps, parts of two tiles), and fp8 caches of every kind.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn dense_closed_form_first_tiles_early() {

@@ -478,6 +478,96 @@ fn sanitize_sparse_one_part_nan_past_len() {
     }
 }
 
+/// Small sparse steps with topk_len in the closed form with lengths (decode/split.cuh
+/// `closed_lens_parts`: every token's parts of at most `min_chunk` tiles, known before its
+/// topk_len, so the decode kernel's kSpec form reads each part's first index entries with
+/// topk_len): the slots the index rows name past topk_len hold NaN rows (or bad ids, which are
+/// not faults there) and must not reach the output; a bad id inside topk_len and a bad topk_len
+/// are faults. One to four tokens, top-k 256 to 2,048, 16-bit and fp8 caches.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sparse_closed_form_first_tiles_early() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("sparse_closed_form_first_tiles_early");
+    let style = RowStyle {
+        hole: 0.05,
+        bad: 0.0,
+    };
+    let cases: Vec<(usize, usize, Vec<i32>, bool)> = vec![
+        (8, 2048, vec![2048], false),
+        (8, 2048, vec![1000], true),
+        (8, 2048, vec![0], false),
+        (8, 2048, vec![2048, 37], true),
+        (8, 1024, vec![1024, 0, 500, 33], false),
+        (16, 512, vec![300], true),
+        (8, 256, vec![256, 255, 1], false),
+        (8, 1024, vec![-1, 2000], false),
+        (3, 2048, vec![64, 2047], true),
+    ];
+    for (i, (heads, topk, lens, bad_inside)) in cases.into_iter().enumerate() {
+        let tokens = lens.len();
+        let mut s = random_sparse::<bf16>(&mut rng, tokens, heads, topk, 64, 64, style, true);
+        let slots = s.cache.num_slots();
+        let half = slots / 2;
+        s.topk_len = Some(lens.clone());
+        for (t, &len) in lens.iter().enumerate() {
+            for e in 0..topk {
+                let id = &mut s.indices[t * s.stride + e];
+                if (e as i32) < len {
+                    if *id >= half as i32 {
+                        *id = rng.below(half) as i32;
+                    }
+                } else {
+                    *id = if rng.chance(0.2) {
+                        bad_slot(&mut rng, slots)
+                    } else {
+                        (half + rng.below(slots - half)) as i32
+                    };
+                }
+            }
+        }
+        if bad_inside && lens[0] > 40 {
+            s.indices[40] = bad_slot(&mut rng, slots);
+        }
+        let label = format!("tokens {tokens} heads {heads} topk {topk} lens {lens:?}");
+        if i % 3 == 2 {
+            // fp8: the slots past topk_len all 0xff bytes (e4m3 NaN, NaN scales and RoPE)
+            let kind = FP8_KINDS[i % FP8_KINDS.len()];
+            let mut p = Fp8::sparse(&mut rng, s, kind, 1.0);
+            let l = p.fp8.layout;
+            let rb = l.format.row_bytes();
+            for slot in half..slots {
+                let at = (slot / l.block_size) * l.block_stride_bytes + (slot % l.block_size) * rb;
+                p.fp8.bytes[at..at + rb].fill(0xff);
+            }
+            check_problem(
+                &format!("fp8 {kind:?} {label}"),
+                &mut rng,
+                &stream,
+                &p,
+                plan_options(false),
+            );
+            continue;
+        }
+        for slot in half..slots {
+            s.cache.row_mut(slot).fill(<bf16 as Half>::nan());
+        }
+        let kind = QKind::random(&mut rng);
+        let q = HostQuery::<bf16>::random(&mut rng, kind, tokens, heads);
+        let got = run_once(&mut rng, &stream, &s, &q, None, plan_options(false));
+        let all = all_heads(heads);
+        let want = s.reference(&q, &all);
+        let lens_ok = lens.iter().all(|l| (0..=topk as i32).contains(l));
+        assert_eq!(
+            want.faults.is_empty(),
+            lens_ok && !(bad_inside && lens[0] > 40),
+            "{label}"
+        );
+        check_flag(&label, got.flag, &want.faults);
+        check_outputs(&label, &got, &want, &all);
+    }
+}
+
 /// A small sparse step with parts forced within tokens (16 heads: the 16-row kernels that
 /// carry the rule), with and without topk_len: the memcheck/racecheck case of that split.
 #[test]
