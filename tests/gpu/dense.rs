@@ -659,6 +659,29 @@ fn nan_past_lens_fp8<T: Half>(p: &mut Fp8<DenseSetup<T>>) {
     }
 }
 
+/// A dense layout for the NaN-past-the-lengths tests: `lens` requests in tables of `mbps`
+/// blocks of `bs` rows, blocks padded, two spare blocks, junk table entries past the lengths
+/// when `junk`.
+fn nan_test_spec(
+    rng: &mut Rng,
+    (q_len, heads, bs, mbps): (usize, usize, usize, usize),
+    lens: &[i32],
+    junk: bool,
+) -> DenseSpec {
+    DenseSpec {
+        q_len,
+        heads,
+        block_size: bs,
+        max_blocks_per_seq: mbps,
+        table_pad: 0,
+        block_pad: 8,
+        spare_blocks: 2,
+        junk_unused: junk,
+        seq_lens: lens.to_vec(),
+        scale: rng.softmax_scale(),
+    }
+}
+
 /// One-part steps (the one-token call, a request of a tile or two): the rows past seq_len in
 /// the requests' blocks and the in-range blocks behind their unused table entries hold NaN and
 /// must not reach the output (masked rows are zero-filled, never copied), and entries past
@@ -683,18 +706,7 @@ fn sanitize_dense_one_part_nan_past_len() {
     ];
     for (q_len, heads, bs, mbps, lens) in cases {
         for junk in [false, true] {
-            let spec = DenseSpec {
-                q_len,
-                heads,
-                block_size: bs,
-                max_blocks_per_seq: mbps,
-                table_pad: 0,
-                block_pad: 8,
-                spare_blocks: 2,
-                junk_unused: junk,
-                seq_lens: lens.clone(),
-                scale: rng.softmax_scale(),
-            };
+            let spec = nan_test_spec(&mut rng, (q_len, heads, bs, mbps), &lens, junk);
             let label =
                 format!("one part q_len {q_len} heads {heads} bs {bs} lens {lens:?} junk {junk}");
             let mut s = DenseSetup::<bf16>::build(&mut rng, &spec);
@@ -762,18 +774,7 @@ fn dense_closed_form_first_tiles_early() {
     for (i, (q_len, heads, bs, mbps, lens)) in cases.into_iter().enumerate() {
         let junk = i % 2 == 0;
         let cap = (mbps * bs) as i32;
-        let spec = DenseSpec {
-            q_len,
-            heads,
-            block_size: bs,
-            max_blocks_per_seq: mbps,
-            table_pad: 0,
-            block_pad: 8,
-            spare_blocks: 2,
-            junk_unused: junk,
-            seq_lens: lens.clone(),
-            scale: rng.softmax_scale(),
-        };
+        let spec = nan_test_spec(&mut rng, (q_len, heads, bs, mbps), &lens, junk);
         let label =
             format!("q_len {q_len} heads {heads} bs {bs} mbps {mbps} lens {lens:?} junk {junk}");
         let mut s = DenseSetup::<bf16>::build(&mut rng, &spec);
@@ -803,18 +804,7 @@ fn dense_closed_form_first_tiles_early() {
     ];
     for (i, (q_len, heads, bs, mbps, lens)) in fp8_cases.into_iter().enumerate() {
         for kind in FP8_KINDS {
-            let spec = DenseSpec {
-                q_len,
-                heads,
-                block_size: bs,
-                max_blocks_per_seq: mbps,
-                table_pad: 0,
-                block_pad: 8,
-                spare_blocks: 2,
-                junk_unused: i % 2 == 0,
-                seq_lens: lens.clone(),
-                scale: rng.softmax_scale(),
-            };
+            let spec = nan_test_spec(&mut rng, (q_len, heads, bs, mbps), &lens, i % 2 == 0);
             let label = format!(
                 "fp8 {kind:?} q_len {q_len} heads {heads} bs {bs} mbps {mbps} lens {lens:?}"
             );

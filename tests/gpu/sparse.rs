@@ -424,6 +424,38 @@ fn check_holes_and_duplicates<T: Half>(rng: &mut Rng, stream: &Arc<CudaStream>) 
     check_problem(&label, rng, stream, &s, plan_options(false));
 }
 
+/// Sets `s`'s topk_len to `lens` and rewrites its index rows so that the entries below each
+/// token's topk_len name slots of the cache's lower half and those past it slots of the upper
+/// half (or, one in five, bad ids, which are not faults there); returns the first upper slot.
+/// The caller fills the upper half with NaN rows, which must then never reach the output.
+fn past_topk_len_in_upper_half<T: Half>(
+    rng: &mut Rng,
+    s: &mut SparseSetup<T>,
+    lens: &[i32],
+) -> usize {
+    let slots = s.cache.num_slots();
+    let half = slots / 2;
+    let topk = s.topk;
+    s.topk_len = Some(lens.to_vec());
+    for (t, &len) in lens.iter().enumerate() {
+        for e in 0..topk {
+            let id = &mut s.indices[t * s.stride + e];
+            if (e as i32) < len {
+                if *id >= half as i32 {
+                    *id = rng.below(half) as i32;
+                }
+            } else {
+                *id = if rng.chance(0.2) {
+                    bad_slot(rng, slots)
+                } else {
+                    (half + rng.below(slots - half)) as i32
+                };
+            }
+        }
+    }
+    half
+}
+
 /// One-part sparse steps with topk_len: the slots the index rows name past topk_len hold NaN
 /// rows (or bad ids, which are not faults there) and must not reach the output (the guard
 /// of the dense test of the same name).
@@ -444,26 +476,8 @@ fn sanitize_sparse_one_part_nan_past_len() {
         (1, 16, 20, vec![19]),
     ] {
         let mut s = random_sparse::<bf16>(&mut rng, tokens, heads, topk, 8, 16, style, true);
-        let slots = s.cache.num_slots();
-        let half = slots / 2;
-        s.topk_len = Some(lens.clone());
-        for (t, &len) in lens.iter().enumerate() {
-            for e in 0..topk {
-                let id = &mut s.indices[t * s.stride + e];
-                if (e as i32) < len {
-                    if *id >= half as i32 {
-                        *id = rng.below(half) as i32;
-                    }
-                } else {
-                    *id = if rng.chance(0.2) {
-                        bad_slot(&mut rng, slots)
-                    } else {
-                        (half + rng.below(slots - half)) as i32
-                    };
-                }
-            }
-        }
-        for slot in half..slots {
+        let half = past_topk_len_in_upper_half(&mut rng, &mut s, &lens);
+        for slot in half..s.cache.num_slots() {
             s.cache.row_mut(slot).fill(<bf16 as Half>::nan());
         }
         let label = format!("one part tokens {tokens} topk {topk} lens {lens:?}");
@@ -507,25 +521,8 @@ fn sparse_closed_form_first_tiles_early() {
     for (i, (heads, topk, lens, bad_inside)) in cases.into_iter().enumerate() {
         let tokens = lens.len();
         let mut s = random_sparse::<bf16>(&mut rng, tokens, heads, topk, 64, 64, style, true);
+        let half = past_topk_len_in_upper_half(&mut rng, &mut s, &lens);
         let slots = s.cache.num_slots();
-        let half = slots / 2;
-        s.topk_len = Some(lens.clone());
-        for (t, &len) in lens.iter().enumerate() {
-            for e in 0..topk {
-                let id = &mut s.indices[t * s.stride + e];
-                if (e as i32) < len {
-                    if *id >= half as i32 {
-                        *id = rng.below(half) as i32;
-                    }
-                } else {
-                    *id = if rng.chance(0.2) {
-                        bad_slot(&mut rng, slots)
-                    } else {
-                        (half + rng.below(slots - half)) as i32
-                    };
-                }
-            }
-        }
         if bad_inside && lens[0] > 40 {
             s.indices[40] = bad_slot(&mut rng, slots);
         }
