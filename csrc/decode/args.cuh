@@ -49,12 +49,13 @@ struct DecodeArgs {
     FastDiv parts_div;
     FastDiv heads_div;     // num_heads (dense query row m -> query position m / num_heads)
     FastDiv closed_tiles;  // tiles_of(max_len)
-    FastDiv closed_chunk;  // split_chunk(batch * tiles_of(max_len), ...)
+    FastDiv closed_chunk;  // split_chunk(batch * tiles_of(max_len), ...); min_chunk in the closed form with lengths
     int32_t closed_total;
     const float* kv_scale;  // MLA_KV_FP8: the tensor scale (device pointer); else NULL
     // Parts within requests (MLA_SPLIT_WITHIN_REQUESTS, decode/split.cuh): whether, and in the
-    // closed form the parts per request (d = 0: flat after all). Last, so that the kernels
-    // without the rule keep their parameter offsets.
+    // closed form the parts per request (d = 0: flat after all; in the closed form with
+    // lengths, closed_lens, its parts per request). Last, so that the kernels without the
+    // rule keep their parameter offsets.
     int32_t split_within;
     FastDiv closed_n;
     // The closed form with lengths (decode/split.cuh, closed_lens_parts: the decode kernel's

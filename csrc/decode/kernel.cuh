@@ -218,7 +218,9 @@ struct TilePipeline {
     }
     // Once the length is known (the part's tiles [lo, hi), lo < hi, from tile j of request b):
     // issues tile j with the Q rows, and tile j + 1 when it is in the part, from spec_entries'
-    // entries, as start does; returns whether tile lo + 1 is ahead.
+    // entries, as start does (but never holding the second tile back: C::kFirstAlone, which
+    // only parts of min_chunk >= 4 tiles forced by tuning would meet here); returns whether
+    // tile lo + 1 is ahead.
     __device__ __forceinline__ bool start_known(const DecodeArgs& a, const SmemPlan<C>& sm, int m_tile, int b, int j,
                                                 int len, int lo, int hi) {
         cur = Cursor{b, j, len};
