@@ -925,7 +925,7 @@ __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<F
     // (issuing them before the length, as if the request had max_len rows, gained nothing more
     // and read rows past the length: log #79)
     PartPos pp;
-    int spec_len_raw = 0;
+    int spec_len = 0;  // kSpec: the request's clamped length
     if constexpr (kSpec) {  // the closed form with lengths: request first_req's part i
         const int n = a.closed_n.d, t = a.closed_tiles.d;
         pp.first_req = a.closed_n.div(part);
@@ -933,12 +933,13 @@ __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<F
         if (pp.first_req >= a.batch) return;  // (a grid wider than batch * n parts)
         pp.first_j = i * a.min_chunk;
         const int size = min(a.min_chunk, t - pp.first_j);  // (>= 1: i < n = ceil(t / min_chunk))
-        spec_len_raw = a.lens[pp.first_req];
+        const int len_raw = a.lens[pp.first_req];
         pipe.spec_entries(a, pp.first_req, pp.first_j, size >= 2);
         // (the lengths' faults: each request's by its first part, m-tile 0)
-        if (a.check_lens && i == 0 && m_tile == 0) Lens::record_bad(pp.first_req, spec_len_raw, a.max_len, a.check_lens, a.flag);
-        const int tb = Lens::tiles_of(Lens::clamp(spec_len_raw, a.max_len));
-        pp.total = a.batch * t;  // (tiles as numbered in the closed form, t per request)
+        if (a.check_lens && i == 0 && m_tile == 0) Lens::record_bad(pp.first_req, len_raw, a.max_len, a.check_lens, a.flag);
+        spec_len = Lens::clamp(len_raw, a.max_len);
+        const int tb = Lens::tiles_of(spec_len);
+        pp.total = a.closed_total;  // (batch * t: tiles as numbered in the closed form)
         pp.lo = pp.first_j < tb ? pp.first_req * t + pp.first_j : pp.total;
         pp.hi = pp.lo + min(size, tb - pp.first_j);
     } else {
@@ -960,7 +961,7 @@ __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<F
     // tile x starts a segment; the first tile (and the second) issued.
     bool ahead;
     if constexpr (kSpec) {
-        ahead = pipe.start_known(a, sm, m_tile, first_req, first_j, Lens::clamp(spec_len_raw, a.max_len), lo, hi);
+        ahead = pipe.start_known(a, sm, m_tile, first_req, first_j, spec_len, lo, hi);
     } else {
         ahead = pipe.start(a, lens, sm, m_tile, first_req, first_j, lo, hi);
     }

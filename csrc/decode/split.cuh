@@ -605,7 +605,7 @@ inline bool within_allowed(const mla_schedule_t* s) {
 // load (decode_kernel kSpec). Returns n, or 0 where the form does not apply.
 inline int closed_lens_parts(const DecodeArgs& a) {
     if (a.lens == nullptr || a.split_within || a.batch > a.num_parts || a.min_chunk < 1) return 0;
-    const int n = ceil_div_pos(Lens::tiles_of(a.max_len), a.min_chunk);
+    const int n = ceil_div_pos(a.closed_tiles.d, a.min_chunk);  // (prepare_split: tiles_of(max_len))
     return n <= a.num_parts / a.batch ? n : 0;
 }
 
