@@ -629,9 +629,11 @@ __device__ __forceinline__ int soft_row(int warp, int lane) {
 // max m_own (l_own: this lane's share of the running sum; row_qi: the row's query position,
 // for the causal limit). Writes P (the element type) to the P tile, the row's rescale factor
 // for o to alpha, and at a segment's end the row's (sum, max) to stats; every warp reads them
-// after the next barrier (pv_shared, write_segment).
+// after the next barrier (pv_shared, write_segment). Returns whether the row's running max
+// moved (its o needs the rescale; an unmoved max leaves alpha = 1, or 0 on a row with no
+// score yet, whose o is still zero): the barrier after it ORs that over the CTA.
 template <typename C, bool kSparse>
-__device__ __forceinline__ void softmax_rows(const DecodeArgs& a, const float4* part_s, const int32_t* valid, int pos0,
+__device__ __forceinline__ bool softmax_rows(const DecodeArgs& a, const float4* part_s, const int32_t* valid, int pos0,
                                              int len, int row_qi, bool seg_end, int warp, int lane, const SmemPlan<C>& sm,
                                              float& m_own, float& l_own) {
     // P's element type: the query's, or f16 for the fp8 P V (fp8_pv_step)
@@ -680,6 +682,7 @@ __device__ __forceinline__ void softmax_rows(const DecodeArgs& a, const float4* 
         sum += v[i];
     }
     l_own = l_own * alpha + sum;
+    const bool moved = m_new != m_own;
     m_own = m_new;
     *reinterpret_cast<uint2*>(sm.p_tile() + row * C::kPRowBytes + c0 * 2) =
         make_uint2(Elem<T>::pack(v[0], v[1]), Elem<T>::pack(v[2], v[3]));
@@ -691,6 +694,7 @@ __device__ __forceinline__ void softmax_rows(const DecodeArgs& a, const float4* 
         for (int d = 1; d < 8; d <<= 1) l += __shfl_xor_sync(0xffffffffu, l, d);
         if (first) sm.stats()[row] = make_float2(l, m_own);
     }
+    return moved;
 }
 
 // ---- phase: P V from the shared P tile (kSharedSoftmax) ---------------------------------------
@@ -707,18 +711,26 @@ __device__ __forceinline__ void pv_prefetch(uint32_t kv_base, int vrow0, int war
         C::Format::v_frag(vf[pr], kv_base, vrow0, (warp * C::kODims + pr * 16) / 8 + col_half);
 }
 
-// o rescaled by its rows' factors from the shared softmax: with two m-tiles always (skipping
-// it when no running max moved, by a warp vote, measured 1-3 % slower there, log #54); with
-// one, only when a max moved (unconditional, the sm_120 build of the 4-warp kernel spills).
-template <typename C>
-__device__ __forceinline__ void rescale_shared(const SmemPlan<C>& sm, int g, float (&o)[C::kMTiles][C::kONTiles][4]) {
+// o rescaled by its rows' factors from the shared softmax.
+// kFlag (16-bit rows): only where a row's running max moved (`moved`: softmax_rows' flags ORed
+// by the barrier before P V), so the common tile, whose lazy max did not move, neither loads
+// the factors nor waits for them (log #80: −2…−5 % on the sparse many-head rows and the
+// 16-row CTAs' rows).
+// Else (per-tensor fp8, where the flag measured 0.8 % slower with 32 rows, log #80): with two
+// m-tiles always (skipping it by a warp vote measured 1-3 % slower there, log #54); with one,
+// only when a max moved (by a warp vote: unconditional, the sm_120 build of the 4-warp kernel
+// spills).
+template <typename C, bool kFlag>
+__device__ __forceinline__ void rescale_shared(const SmemPlan<C>& sm, int g, bool moved,
+                                               float (&o)[C::kMTiles][C::kONTiles][4]) {
     constexpr int kMT = C::kMTiles;
     static_assert(!C::kHalfM, "full m-tiles (softmax_rows)");
+    if (kFlag && !moved) return;
     const float* alpha_s = sm.alpha();
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
         const float a0 = alpha_s[mt * 16 + g], a1 = alpha_s[mt * 16 + g + 8];
-        if (kMT == 1 && !__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) continue;
+        if (!kFlag && kMT == 1 && !__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) continue;
 #pragma unroll
         for (int n = 0; n < C::kONTiles; ++n) {
             o[mt][n][0] *= a0;
@@ -747,9 +759,9 @@ __device__ __forceinline__ void p_frags_shared(uint32_t p_base, int kk, uint32_t
 // V fragments, pv_prefetch).
 template <typename T, typename C>
 __device__ __forceinline__ void pv_shared(uint32_t kv_base, const SmemPlan<C>& sm, int g, int lane, int vrow0, int warp,
-                                          int col_half, const uint32_t (&vf)[C::kONTiles / 2][4],
+                                          int col_half, const uint32_t (&vf)[C::kONTiles / 2][4], bool moved,
                                           float (&o)[C::kMTiles][C::kONTiles][4]) {
-    rescale_shared<C>(sm, g, o);
+    rescale_shared<C, true>(sm, g, moved, o);
     const uint32_t p_base = p_tile_addr<C>(sm, lane);
 #pragma unroll
     for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
@@ -763,7 +775,7 @@ __device__ __forceinline__ void pv_shared(uint32_t kv_base, const SmemPlan<C>& s
 template <typename C>
 __device__ __forceinline__ void fp8_pv_shared(uint32_t kv_base, const SmemPlan<C>& sm, int g, int lane, int vrow0,
                                               int warp, int col_half, float (&o)[C::kMTiles][C::kONTiles][4]) {
-    rescale_shared<C>(sm, g, o);
+    rescale_shared<C, false>(sm, g, true, o);
     const uint32_t p_base = p_tile_addr<C>(sm, lane);
 #pragma unroll
     for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
@@ -1020,16 +1032,16 @@ __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<F
             if (x == lo) MLA_TRACE_AT(kTraceDecode, kTraceFirstSDone);
             const bool seg_end = (x + 1 == hi) || (cc.j + 1 == cc.ntiles());
             // ---- softmax: this warp's rows of S into P (shared memory), then P V over its dims ----
-            softmax_rows<C, kSparse>(a, part_s, valid_cur, cc.j << kTileShift, cc.len, row_qi, seg_end, warp, lane, sm,
-                                     m_own, l_own);
+            const bool moved = softmax_rows<C, kSparse>(a, part_s, valid_cur, cc.j << kTileShift, cc.len, row_qi,
+                                                        seg_end, warp, lane, sm, m_own, l_own);
             if constexpr (Fmt::kFp8) {
                 __syncthreads();
                 fp8_pv_shared<C>(kv_base, sm, g, lane, (mat & 1) * 8 + mrow, warp, mat >> 1, o);
             } else {
                 uint32_t vf[C::kONTiles / 2][4];
                 pv_prefetch<C>(kv_base, (mat & 1) * 8 + mrow, warp, mat >> 1, vf);
-                __syncthreads();
-                pv_shared<T, C>(kv_base, sm, g, lane, (mat & 1) * 8 + mrow, warp, mat >> 1, vf, o);
+                const bool any_moved = __syncthreads_or(moved);
+                pv_shared<T, C>(kv_base, sm, g, lane, (mat & 1) * 8 + mrow, warp, mat >> 1, vf, any_moved, o);
             }
             if (x == lo) MLA_TRACE_AT(kTraceDecode, kTraceFirstPvDone);
             if (seg_end) {
