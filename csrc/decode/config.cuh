@@ -118,10 +118,15 @@ struct KernelConfig : Tile {
     static constexpr bool kSharedSoftmax = Tile::kSharedSoftmax && !(Fmt::kFp8 && Fmt::kDsMla);
     static constexpr int kPRowBytes = Tile::kBlockN * 2 + 16;
     static constexpr int kSoftBytes = kSharedSoftmax ? Tile::kBlockM * (kPRowBytes + 4 + 8) : 0;
-    // S partials: a fragment's 32 lane slots, then (kSharedSoftmax) one slot of pad, so that
-    // the fragments of one softmax_rows load start in different bank groups (conflict-free)
+    // S partials: a fragment's 32 lane slots, then (kSharedSoftmax) one slot of pad, and with
+    // one m-tile two more after every pair of fragments, so that the fragments of one
+    // softmax_rows load start in different bank groups (conflict-free with soft_row's order:
+    // decode/smem.cuh part_slot)
     static constexpr int kPartialPad = kSharedSoftmax ? 1 : 0;
-    static constexpr int kPartialBytes = Tile::kPartialBytes / 32 * (32 + kPartialPad);
+    static constexpr int kPartialPairPad = kSharedSoftmax && Tile::kMTiles == 1 ? 2 : 0;
+    static constexpr int kPartialFrags = Tile::kPartialBytes / 32 / (8 * Tile::kFragRows);
+    static constexpr int kPartialBytes =
+        (kPartialFrags * (32 + kPartialPad) + kPartialFrags / 2 * kPartialPairPad) * 8 * Tile::kFragRows;
     static constexpr int kSmemBytes =
         Tile::kStages * kKvStageBytes + kQBytes + kPartialBytes + Tile::kValidBytes + kSoftBytes;
 

@@ -612,16 +612,14 @@ __device__ __forceinline__ void pv_tile(uint32_t kv_base, const float (&s)[C::kM
     }
 }
 
-// The CTA query row whose softmax this lane computes (softmax_rows): rows g0, g0 + 1, g0 + 8,
-// g0 + 9 of an m-tile per warp (both fragment halves: with the partials' pad, softmax_rows'
-// loads spread over all banks). With two m-tiles, each half-warp takes one fragment row g of
-// both halves (g0 and g0 + 8, then g0 + 1 and g0 + 9), which makes its 64-bit partial loads
-// conflict-free (two wavefronts instead of four; with one m-tile no order of the four rows does).
+// The CTA query row whose softmax this lane computes (softmax_rows): rows g0, g0 + 8, g0 + 1,
+// g0 + 9 of an m-tile per warp, in that order by 8-lane group, so that each half-warp takes one
+// fragment row g of both halves: with the partials' pads (part_slot) its 64-bit partial loads
+// are conflict-free (2 wavefronts each; logs #81, #82).
 template <typename C>
 __device__ __forceinline__ int soft_row(int warp, int lane) {
     const int rl = lane >> 3;
-    if constexpr (C::kMTiles == 2) return (warp >> 2) * 16 + 2 * (warp & 3) + (rl >> 1) + 8 * (rl & 1);
-    return (warp >> 2) * 16 + 2 * (warp & 3) + (rl & 1) + 8 * (rl >> 1);
+    return (warp >> 2) * 16 + 2 * (warp & 3) + (rl >> 1) + 8 * (rl & 1);
 }
 
 // ---- phase: one softmax per tile (kSharedSoftmax) -------------------------------------------

@@ -35,10 +35,11 @@ __device__ __forceinline__ int q_chunk(int r, int c) {
 
 // The S partials: fragment slot i (fragment * 32 + lane) holds a float4 (the accumulator's
 // rows g: x, y and g + 8: z, w), or with a half m-tile only a float2 (x, y), packed.
-// Slot of fragment f's lane l (a fragment's slots, then C::kPartialPad slots of pad).
+// Slot of fragment f's lane l (a fragment's slots, then C::kPartialPad slots of pad, and
+// C::kPartialPairPad more after every pair of fragments).
 template <typename C>
 __host__ __device__ __forceinline__ constexpr int part_slot(int f, int lane) {
-    return f * (32 + C::kPartialPad) + lane;
+    return f * (32 + C::kPartialPad) + (f >> 1) * C::kPartialPairPad + lane;
 }
 
 template <typename C>
