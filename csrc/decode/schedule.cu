@@ -97,14 +97,21 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     if (fit != MLA_STATUS_OK) return fit;
     // At most 8 query rows per request (8 heads or fewer, q_len 1): the half m-tile
     // configurations (8 rows per CTA: the per-row phases skip the MMA's unused rows 8-15).
-    // 16-bit rows and per-tensor fp8 take the 32-row configuration at >= 32 rows even where
-    // two 4-warp CTAs fit an SM (per-tensor fp8: 6-9 % faster on the H200, log #57: its one
-    // softmax per tile serves 32 rows and every converted K/V fragment two m-tiles; 16-bit rows
-    // since the conflict-free partial loads, log #82: 2-6 % faster on the many-head rows);
-    // fp8_ds_mla's exact per-warp softmax makes the 32-row CTA slower than two 4-warp ones
-    // (10-39 %), so it takes it only where one 4-warp CTA fits.
+    // With >= 32 query rows: per-tensor fp8 takes the 32-row configuration even where two 4-warp
+    // CTAs fit an SM (6-9 % faster on the H200, log #57: its one softmax per tile serves 32 rows
+    // and every converted K/V fragment two m-tiles); fp8_ds_mla's exact per-warp softmax makes
+    // the 32-row CTA slower than two 4-warp ones (10-39 %), so it takes it only where one 4-warp
+    // CTA fits. 16-bit rows take it on long steps (log #82): where each CTA slot of the 16-row
+    // configuration would stream >= 12 tiles with one 4-warp CTA per SM (sm_120), >= 32 with two
+    // (the H200): with one per SM the 32-row CTA won 10-35 % at 15.5-124 tiles per slot and lost
+    // 8-56 % at 1-8 (t=1 h=32, b=1 h=32, b=2 q=2 h=16, b=1 h=128, t=4 h=64); with two per SM it
+    // won 1-6 % at 62-248, tied at 31 and lost 9-14 % at 3.9-15.5 (t=4 h=64, b=8 h=64,
+    // b=4 h=32 l=16384), 37-51 % on the small steps.
     const int m_rows = q_len * num_heads;
-    const bool wide = m_rows >= 32 && (ctas == 1 || fmt != MLA_KV_FP8_DS_MLA) && tune.warps != 4;
+    const int64_t slots = static_cast<int64_t>(sm_count) * ctas;
+    const bool long_step = max_tiles >= (ctas == 1 ? 12 : 32) * slots;
+    const bool wide = m_rows >= 32 && tune.warps != 4 &&
+                      (fmt == MLA_KV_FP8 || (fmt == MLA_KV_FP8_DS_MLA ? ctas == 1 : long_step));
     int block_m = m_rows <= 8 ? 8 : (wide ? 32 : 16);
     if (tune.block_m != 0) block_m = tune.block_m;
     // Small steps (at most two tiles per SM): parts of one tile where every tile can have a CTA
