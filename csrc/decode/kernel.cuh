@@ -617,9 +617,37 @@ __device__ __forceinline__ void pv_tile(uint32_t kv_base, const float (&s)[C::kM
 // fragment row g of both halves: with the partials' pads (part_slot) its 64-bit partial loads
 // are conflict-free (2 wavefronts each; logs #81, #82).
 template <typename C>
-__device__ __forceinline__ int soft_row(int warp, int lane) {
+__host__ __device__ __forceinline__ constexpr int soft_row(int warp, int lane) {
     const int rl = lane >> 3;
     return (warp >> 2) * 16 + 2 * (warp & 3) + (rl >> 1) + 8 * (rl & 1);
+}
+
+// Whether softmax_rows' 64-bit S-partial loads in configuration C are free of bank conflicts:
+// for every warp, k-split part and column pair, each half-warp's sixteen 8-byte words fall on
+// 32 distinct banks (one wavefront). The layout invariant of logs #81 and #82 (soft_row's
+// order, part_slot's pads), checked at compile time by softmax_rows.
+template <typename C>
+constexpr bool partial_loads_conflict_free() {
+    constexpr int kMT = C::kMTiles;
+    constexpr int kQStride = part_slot<C>(C::kSplitN * kMT * 2, 0) * 4;  // as softmax_rows
+    for (int warp = 0; warp < C::kWarps; ++warp)
+        for (int q = 0; q < C::kSplitK; ++q)
+            for (int i = 0; i < 4; i += 2)
+                for (int half = 0; half < 2; ++half) {
+                    bool used[32] = {};
+                    for (int lane = 16 * half; lane < 16 * half + 16; ++lane) {
+                        const int row = soft_row<C>(warp, lane), c = (lane & 7) * 4 + i;
+                        const int mt = row >> 4, g = row & 7, hf = (row >> 3) & 1;
+                        const int jn = c >> 3, wl = g * 4 + ((c & 7) >> 1);
+                        const int at =
+                            part_slot<C>(((jn >> 1) * kMT + mt) * 2 + (jn & 1), wl) * 4 + hf * 2 + q * kQStride;
+                        for (int w = 0; w < 2; ++w) {
+                            if (used[(at + w) % 32]) return false;
+                            used[(at + w) % 32] = true;
+                        }
+                    }
+                }
+    return true;
 }
 
 // ---- phase: one softmax per tile (kSharedSoftmax) -------------------------------------------
@@ -642,6 +670,7 @@ __device__ __forceinline__ bool softmax_rows(const DecodeArgs& a, const float4* 
     constexpr int kMT = C::kMTiles;
     constexpr int kQStride = part_slot<C>(C::kSplitN * kMT * 2, 0) * 4;  // floats between k quarters
     static_assert(C::kSoftRows == 4 && !C::kHalfM, "4 rows per warp, 8 lanes per row, 4 columns per lane");
+    static_assert(partial_loads_conflict_free<C>(), "softmax_rows' partial loads conflict (soft_row, part_slot)");
     const int c0 = (lane & 7) * 4;
     const int row = soft_row<C>(warp, lane);
     const int mt = row >> 4, g = row & 7, hf = (row >> 3) & 1;
