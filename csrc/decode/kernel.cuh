@@ -622,25 +622,32 @@ __host__ __device__ __forceinline__ constexpr int soft_row(int warp, int lane) {
     return (warp >> 2) * 16 + 2 * (warp & 3) + (rl >> 1) + 8 * (rl & 1);
 }
 
+// Float offset in the S partials of the pair of scores (columns c, c + 1 of CTA query row `row`,
+// c even) that softmax_rows reads from k-split part 0 (part q: + q * kPartialQStride<C>).
+template <typename C>
+constexpr int kPartialQStride = part_slot<C>(C::kSplitN * C::kMTiles * 2, 0) * 4;  // floats between k parts
+template <typename C>
+__host__ __device__ __forceinline__ constexpr int softmax_partial_at(int row, int c) {
+    const int mt = row >> 4, g = row & 7, hf = (row >> 3) & 1;
+    // columns c, c + 1 lie in n8 tile jn, from fragment lane wl
+    const int jn = c >> 3, wl = g * 4 + ((c & 7) >> 1);
+    return part_slot<C>(((jn >> 1) * C::kMTiles + mt) * 2 + (jn & 1), wl) * 4 + hf * 2;
+}
+
 // Whether softmax_rows' 64-bit S-partial loads in configuration C are free of bank conflicts:
 // for every warp, k-split part and column pair, each half-warp's sixteen 8-byte words fall on
 // 32 distinct banks (one wavefront). The layout invariant of logs #81 and #82 (soft_row's
 // order, part_slot's pads), checked at compile time by softmax_rows.
 template <typename C>
 constexpr bool partial_loads_conflict_free() {
-    constexpr int kMT = C::kMTiles;
-    constexpr int kQStride = part_slot<C>(C::kSplitN * kMT * 2, 0) * 4;  // as softmax_rows
     for (int warp = 0; warp < C::kWarps; ++warp)
         for (int q = 0; q < C::kSplitK; ++q)
             for (int i = 0; i < 4; i += 2)
                 for (int half = 0; half < 2; ++half) {
                     bool used[32] = {};
                     for (int lane = 16 * half; lane < 16 * half + 16; ++lane) {
-                        const int row = soft_row<C>(warp, lane), c = (lane & 7) * 4 + i;
-                        const int mt = row >> 4, g = row & 7, hf = (row >> 3) & 1;
-                        const int jn = c >> 3, wl = g * 4 + ((c & 7) >> 1);
-                        const int at =
-                            part_slot<C>(((jn >> 1) * kMT + mt) * 2 + (jn & 1), wl) * 4 + hf * 2 + q * kQStride;
+                        const int at = softmax_partial_at<C>(soft_row<C>(warp, lane), (lane & 7) * 4 + i) +
+                                       q * kPartialQStride<C>;
                         for (int w = 0; w < 2; ++w) {
                             if (used[(at + w) % 32]) return false;
                             used[(at + w) % 32] = true;
@@ -667,25 +674,20 @@ __device__ __forceinline__ bool softmax_rows(const DecodeArgs& a, const float4* 
                                              float& m_own, float& l_own) {
     // P's element type: the query's, or f16 for the fp8 P V (fp8_pv_step)
     using T = std::conditional_t<C::Format::kFp8, __half, typename C::Format::Elem>;
-    constexpr int kMT = C::kMTiles;
-    constexpr int kQStride = part_slot<C>(C::kSplitN * kMT * 2, 0) * 4;  // floats between k quarters
     static_assert(C::kSoftRows == 4 && !C::kHalfM, "4 rows per warp, 8 lanes per row, 4 columns per lane");
     static_assert(partial_loads_conflict_free<C>(), "softmax_rows' partial loads conflict (soft_row, part_slot)");
     const int c0 = (lane & 7) * 4;
     const int row = soft_row<C>(warp, lane);
-    const int mt = row >> 4, g = row & 7, hf = (row >> 3) & 1;
-    // S: columns c0 .. c0 + 3 lie in one n8 tile (jn), pairs from fragment lanes wl, wl + 1
+    // S: columns c0 .. c0 + 3 lie in one n8 tile, pairs from fragment lanes wl, wl + 1
     const float* fp = reinterpret_cast<const float*>(part_s);
     float v[4];
 #pragma unroll
     for (int i = 0; i < 4; i += 2) {
-        const int c = c0 + i;
-        const int jn = c >> 3, wl = g * 4 + ((c & 7) >> 1);
-        const int at = part_slot<C>(((jn >> 1) * kMT + mt) * 2 + (jn & 1), wl) * 4 + hf * 2;
+        const int at = softmax_partial_at<C>(row, c0 + i);
         float2 acc = *reinterpret_cast<const float2*>(fp + at);
 #pragma unroll
         for (int q = 1; q < C::kSplitK; ++q) {
-            const float2 u = *reinterpret_cast<const float2*>(fp + at + q * kQStride);
+            const float2 u = *reinterpret_cast<const float2*>(fp + at + q * kPartialQStride<C>);
             acc.x += u.x;
             acc.y += u.y;
         }
