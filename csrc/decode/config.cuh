@@ -114,10 +114,16 @@ struct KernelConfig : Tile {
     // rows and per-tensor fp8, whose P carries no V scale (P in f16 for the fp8 P V, log #55).
     // fp8_ds_mla keeps one softmax per warp: its P'' carries each warp's V scale, and with 4
     // warps each warp's is the only one of its scale tile (sharing E = 2^(s - m) in fp32 and
-    // scaling per warp measured 2-3 % slower, log #56, branch wip/fp8-shared-e)
+    // scaling per warp measured 2-3 % slower, log #56, branch wip/fp8-shared-e; in the 32-row
+    // configuration one P'' per scale tile, each with its own running max, measured 22-35 %
+    // slower than the 16-row CTAs, log #83 (a), branch wip/fp8-dsmla-shared-32)
     static constexpr bool kSharedSoftmax = Tile::kSharedSoftmax && !(Fmt::kFp8 && Fmt::kDsMla);
     static constexpr int kPRowBytes = Tile::kBlockN * 2 + 16;
     static constexpr int kSoftBytes = kSharedSoftmax ? Tile::kBlockM * (kPRowBytes + 4 + 8) : 0;
+    // fp8 rows with one softmax per warp (softmax_tile; log #83): the valid flags are additive
+    // masks (0 or -inf as float bits) and the S partials come scaled by the log2-domain softmax
+    // scale (folded into the query's row factor)
+    static constexpr bool kMaskAdd = Fmt::kFp8 && !kSharedSoftmax;
     // S partials: a fragment's 32 lane slots, then (kSharedSoftmax) one slot of pad, and with
     // one m-tile two more after every pair of fragments, so that the fragments of one
     // softmax_rows load start in different bank groups (conflict-free with soft_row's order:

@@ -13,7 +13,8 @@
 //     two k16 steps. The MMA is f16 for both query dtypes: f16 queries as they are; bf16
 //     queries are scaled per row by a power of two 2^a (the row's largest |q| in the warp's
 //     dims lands in [2^14, 2^15)) and rounded to f16, exact for every element down to 2^-28
-//     of that maximum (2^-a is applied to the warp's S partial in fp32).
+//     of that maximum (2^-a is applied to the warp's S partial in fp32; in the kernels with one
+//     softmax per warp, KernelConfig::kMaskAdd, together with the log2-domain softmax scale).
 //   - fp8_ds_mla's scales: the warps' k ranges are aligned to the 128-dim scale tiles (4 warps:
 //     two tiles + 32 RoPE dims each; 8 warps: one tile + 16 RoPE dims), each tile accumulates
 //     separately and is multiplied by its rows' fp32 scales once per tile (exact: the products
@@ -284,6 +285,9 @@ __device__ __forceinline__ void fp8_score_partials_t(uint32_t kv_base, const uin
         v[1] *= f1;
         v[2] *= f0;
         v[3] *= f1;
+    } else if constexpr (C::kMaskAdd) {  // the log2-domain softmax scale (the same in every row)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[i] *= rowf[0];
     }
     // S's partial layout (store_partial of a half m-tile): fragment (warp, n8 tile n) holds
     // float2 (S[q][8n + 2c], S[q][8n + 2c + 1]) at lane 4q + c
@@ -387,7 +391,7 @@ __device__ __forceinline__ void fp8_score_partials_m(uint32_t kv_base, const uin
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
             float4 v = make_float4(s[mt][n][0], s[mt][n][1], s[mt][n][2], s[mt][n][3]);
-            if constexpr (std::is_same<T, __nv_bfloat16>::value) {  // undo the query's 2^a
+            if constexpr (std::is_same<T, __nv_bfloat16>::value || C::kMaskAdd) {  // undo the query's 2^a (kMaskAdd: and scale)
                 v.x *= rowf[mt][0];
                 v.y *= rowf[mt][0];
                 v.z *= rowf[mt][1];

@@ -53,7 +53,11 @@ __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Cursor& c, 
         const int r = warp * C::kRowsPerWarp + lane;
         const int pos = (c.j << kTileShift) + r;
         if (pos < c.len) off = entry_row<Fmt, kSparse>(a, rr.entry, pos, c.b, true);
-        valid_stage[r] = Fmt::has_row(off);
+        if constexpr (C::kMaskAdd) {
+            valid_stage[r] = Fmt::has_row(off) ? 0 : static_cast<int32_t>(0xff800000u);  // 0.f, -inf
+        } else {
+            valid_stage[r] = Fmt::has_row(off);
+        }
     }
     const uint32_t kv_base = smem_u32(kv_stage);
     if constexpr (!kSparse && Fmt::kStagedAsStored && C::kMTiles == 1) {
@@ -352,9 +356,16 @@ __device__ __forceinline__ void start_segment(const DecodeArgs& a, const uint8_t
         } else {
             fp8_load_q<C, kSparse>(a, b, m_tile, kh, qf);
         }
-        if constexpr (std::is_same<typename C::Format::Elem, __nv_bfloat16>::value) {
+        constexpr bool kBf16 = std::is_same<typename C::Format::Elem, __nv_bfloat16>::value;
+        if constexpr (kBf16) {
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt) fp8_q_bf16_to_f16<C>(qf[mt], rowf[mt]);
+        }
+        if constexpr (C::kMaskAdd) {  // S's partials come scaled to the log2 domain
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf) rowf[mt][hf] = (kBf16 ? rowf[mt][hf] : 1.f) * a.scale_log2;
         }
     } else if constexpr (C::kQInSmem) {
         const uint32_t q_base = smem_u32(q_s);
@@ -495,6 +506,11 @@ __device__ __forceinline__ float lazy_max(float m_run, float mx) { return mx > m
 // the running max (online softmax): updates m_run and l_run (the running max and sum per
 // fragment row), and rescales o when the max moved. pos0: the tile's first position in its
 // request; len: the request's clamped length; g, tq: the lane's fragment row and column pair.
+//
+// fp8 rows (kMaskAdd, log #83): S comes scaled to the log2 domain and the valid flags are
+// additive masks: one add per score instead of a flag compare, a select and a multiply (dense
+// steps keep the compare against the causal limit: a branch around it, taken only in the tiles
+// that reach it, measured 1.5-3.6 % slower on the dense fp8_ds_mla 16-row rows).
 template <typename C, bool kSparse>
 __device__ __forceinline__ void softmax_tile(const DecodeArgs& a, float (&s)[C::kMTiles][4][4], const int32_t* valid_lane,
                                              int pos0, int len, int m_tile, int g, int tq, uint32_t kv_base, int warp,
@@ -511,43 +527,73 @@ __device__ __forceinline__ void softmax_tile(const DecodeArgs& a, float (&s)[C::
         float alpha[2] = {1.f, 1.f};
 #pragma unroll
         for (int hf = 0; hf < C::kFragRows; ++hf) {
-            // Causal limit of query row qm (dense MTP): position i = qm / num_heads of q_len sees
-            // cache rows < len - q_len + i + 1 (recomputed per tile: no registers held across the
-            // loop). The fp8 one-m-tile kernels divide with the host's multiplier (heads_div: 3
-            // instructions instead of ~30 per warp and tile; log #74); the 16-bit kernels keep
-            // the division (with heads_div their code moved: dense b=64 1.2 % slower) and so does
-            // the fp8 32-row one (it would spill on sm_120).
-            const int qm = m_tile * C::kBlockM + mt * 16 + g + 8 * hf;
-            const int row_lim =
-                kSparse ? 0x7fffffff
-                        : len - a.q_len + 1 +
-                              (C::Format::kFp8 && kMT == 1 ? a.heads_div.div(qm) : qm / a.num_heads);
-            float mx = -INFINITY;
+            if constexpr (C::kMaskAdd) {
+                float mx = -INFINITY;
+                // dense: the causal limit of query row qm (as below; one-m-tile kernels divide with
+                // the host's multiplier, heads_div, log #74)
+                const int qm = m_tile * C::kBlockM + mt * 16 + g + 8 * hf;
+                const int row_lim = kSparse ? 0 : len - a.q_len + 1 + (kMT == 1 ? a.heads_div.div(qm) : qm / a.num_heads);
 #pragma unroll
-            for (int jn = 0; jn < 4; ++jn)
+                for (int jn = 0; jn < 4; ++jn)
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int col = jn * 8 + 2 * tq + e;
-                    const bool ok = valid_lane[jn * 8 + e] != 0 && pos0 + col < row_lim;
-                    const float v = ok ? s[mt][jn][hf * 2 + e] * a.scale_log2 : -INFINITY;
-                    s[mt][jn][hf * 2 + e] = v;
-                    mx = fmaxf(mx, kVScaled ? v + vlg[jn][e] : v);
-                }
-            mx = warp_max4(mx);
-            const float m_new = C::kLazyMax ? lazy_max(m_run[mt][hf], mx) : fmaxf(m_run[mt][hf], mx);
-            const float base = (m_new == -INFINITY) ? 0.f : m_new;
-            alpha[hf] = fast_exp2(m_run[mt][hf] - base);  // m_run = -inf -> 0
-            float sum = 0.f;
+                    for (int e = 0; e < 2; ++e) {
+                        const float v = s[mt][jn][hf * 2 + e] + __int_as_float(valid_lane[jn * 8 + e]);
+                        s[mt][jn][hf * 2 + e] = kSparse || pos0 + jn * 8 + 2 * tq + e < row_lim ? v : -INFINITY;
+                    }
 #pragma unroll
-            for (int jn = 0; jn < 4; ++jn)
+                for (int jn = 0; jn < 4; ++jn)
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float pe = fast_exp2(s[mt][jn][hf * 2 + e] - base);
-                    s[mt][jn][hf * 2 + e] = kVScaled ? pe * vsc[jn][e] : pe;
-                    sum += pe;
-                }
-            l_run[mt][hf] = l_run[mt][hf] * alpha[hf] + sum;
-            m_run[mt][hf] = m_new;
+                    for (int e = 0; e < 2; ++e) mx = fmaxf(mx, kVScaled ? s[mt][jn][hf * 2 + e] + vlg[jn][e] : s[mt][jn][hf * 2 + e]);
+                mx = warp_max4(mx);
+                const float m_new = C::kLazyMax ? lazy_max(m_run[mt][hf], mx) : fmaxf(m_run[mt][hf], mx);
+                const float base = (m_new == -INFINITY) ? 0.f : m_new;
+                alpha[hf] = fast_exp2(m_run[mt][hf] - base);  // m_run = -inf -> 0
+                float sum = 0.f;
+#pragma unroll
+                for (int jn = 0; jn < 4; ++jn)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float pe = fast_exp2(s[mt][jn][hf * 2 + e] - base);
+                        s[mt][jn][hf * 2 + e] = kVScaled ? pe * vsc[jn][e] : pe;
+                        sum += pe;
+                    }
+                l_run[mt][hf] = l_run[mt][hf] * alpha[hf] + sum;
+                m_run[mt][hf] = m_new;
+            } else {
+                // Causal limit of query row qm (dense MTP): position i = qm / num_heads of q_len sees
+                // cache rows < len - q_len + i + 1 (recomputed per tile: no registers held across the
+                // loop). (The fp8 one-m-tile kernels divide with the host's multiplier, heads_div: 3
+                // instructions instead of ~30, log #74; the 16-bit kernels keep the division: with
+                // heads_div their code moved, dense b=64 1.2 % slower.)
+                const int qm = m_tile * C::kBlockM + mt * 16 + g + 8 * hf;
+                const int row_lim = kSparse ? 0x7fffffff : len - a.q_len + 1 + qm / a.num_heads;
+                float mx = -INFINITY;
+#pragma unroll
+                for (int jn = 0; jn < 4; ++jn)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int col = jn * 8 + 2 * tq + e;
+                        const bool ok = valid_lane[jn * 8 + e] != 0 && pos0 + col < row_lim;
+                        const float v = ok ? s[mt][jn][hf * 2 + e] * a.scale_log2 : -INFINITY;
+                        s[mt][jn][hf * 2 + e] = v;
+                        mx = fmaxf(mx, v);
+                    }
+                mx = warp_max4(mx);
+                const float m_new = C::kLazyMax ? lazy_max(m_run[mt][hf], mx) : fmaxf(m_run[mt][hf], mx);
+                const float base = (m_new == -INFINITY) ? 0.f : m_new;
+                alpha[hf] = fast_exp2(m_run[mt][hf] - base);  // m_run = -inf -> 0
+                float sum = 0.f;
+#pragma unroll
+                for (int jn = 0; jn < 4; ++jn)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float pe = fast_exp2(s[mt][jn][hf * 2 + e] - base);
+                        s[mt][jn][hf * 2 + e] = pe;
+                        sum += pe;
+                    }
+                l_run[mt][hf] = l_run[mt][hf] * alpha[hf] + sum;
+                m_run[mt][hf] = m_new;
+            }
         }
         if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // the running max moved
             if constexpr (kSwapPV<C>) {  // o is Oᵀ: this lane's query rows are 2tq and 2tq + 1
@@ -1016,7 +1062,7 @@ __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<F
     float o[kMT][C::kONTiles][4];
     float m_run[kMT][2], l_run[kMT][2];
     uint32_t qf[kMT][C::kSKSteps][4];
-    float rowf[kMT][2];  // fp8 path, bf16 queries: 2^-a per fragment row (decode/fp8_phases.cuh)
+    float rowf[kMT][2];  // fp8 path: bf16 queries' 2^-a per fragment row (decode/fp8_phases.cuh), kMaskAdd: x scale_log2
     float m_own = -INFINITY, l_own = 0.f;  // one softmax per tile: this lane's query row (softmax_rows)
     int row_qi = 0;                        // and its query position (dense: the causal limit)
     if constexpr (C::kSharedSoftmax && !kSparse) row_qi = a.heads_div.div(m_tile * C::kBlockM + soft_row<C>(warp, lane));
