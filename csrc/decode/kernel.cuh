@@ -527,11 +527,14 @@ __device__ __forceinline__ void softmax_tile(const DecodeArgs& a, float (&s)[C::
         float alpha[2] = {1.f, 1.f};
 #pragma unroll
         for (int hf = 0; hf < C::kFragRows; ++hf) {
+            // Causal limit of query row qm (dense MTP): position i = qm / num_heads of q_len sees
+            // cache rows < len - q_len + i + 1 (recomputed per tile: no registers held across the
+            // loop). The fp8 one-m-tile kernels divide with the host's multiplier (heads_div: 3
+            // instructions instead of ~30, log #74); the 16-bit kernels keep the division (with
+            // heads_div their code moved: dense b=64 1.2 % slower) and so does the fp8 32-row one.
+            const int qm = m_tile * C::kBlockM + mt * 16 + g + 8 * hf;
+            float mx = -INFINITY;
             if constexpr (C::kMaskAdd) {
-                float mx = -INFINITY;
-                // dense: the causal limit of query row qm (as below; one-m-tile kernels divide with
-                // the host's multiplier, heads_div, log #74)
-                const int qm = m_tile * C::kBlockM + mt * 16 + g + 8 * hf;
                 const int row_lim = kSparse ? 0 : len - a.q_len + 1 + (kMT == 1 ? a.heads_div.div(qm) : qm / a.num_heads);
 #pragma unroll
                 for (int jn = 0; jn < 4; ++jn)
@@ -544,30 +547,8 @@ __device__ __forceinline__ void softmax_tile(const DecodeArgs& a, float (&s)[C::
                 for (int jn = 0; jn < 4; ++jn)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) mx = fmaxf(mx, kVScaled ? s[mt][jn][hf * 2 + e] + vlg[jn][e] : s[mt][jn][hf * 2 + e]);
-                mx = warp_max4(mx);
-                const float m_new = C::kLazyMax ? lazy_max(m_run[mt][hf], mx) : fmaxf(m_run[mt][hf], mx);
-                const float base = (m_new == -INFINITY) ? 0.f : m_new;
-                alpha[hf] = fast_exp2(m_run[mt][hf] - base);  // m_run = -inf -> 0
-                float sum = 0.f;
-#pragma unroll
-                for (int jn = 0; jn < 4; ++jn)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const float pe = fast_exp2(s[mt][jn][hf * 2 + e] - base);
-                        s[mt][jn][hf * 2 + e] = kVScaled ? pe * vsc[jn][e] : pe;
-                        sum += pe;
-                    }
-                l_run[mt][hf] = l_run[mt][hf] * alpha[hf] + sum;
-                m_run[mt][hf] = m_new;
             } else {
-                // Causal limit of query row qm (dense MTP): position i = qm / num_heads of q_len sees
-                // cache rows < len - q_len + i + 1 (recomputed per tile: no registers held across the
-                // loop). (The fp8 one-m-tile kernels divide with the host's multiplier, heads_div: 3
-                // instructions instead of ~30, log #74; the 16-bit kernels keep the division: with
-                // heads_div their code moved, dense b=64 1.2 % slower.)
-                const int qm = m_tile * C::kBlockM + mt * 16 + g + 8 * hf;
                 const int row_lim = kSparse ? 0x7fffffff : len - a.q_len + 1 + qm / a.num_heads;
-                float mx = -INFINITY;
 #pragma unroll
                 for (int jn = 0; jn < 4; ++jn)
 #pragma unroll
@@ -578,22 +559,22 @@ __device__ __forceinline__ void softmax_tile(const DecodeArgs& a, float (&s)[C::
                         s[mt][jn][hf * 2 + e] = v;
                         mx = fmaxf(mx, v);
                     }
-                mx = warp_max4(mx);
-                const float m_new = C::kLazyMax ? lazy_max(m_run[mt][hf], mx) : fmaxf(m_run[mt][hf], mx);
-                const float base = (m_new == -INFINITY) ? 0.f : m_new;
-                alpha[hf] = fast_exp2(m_run[mt][hf] - base);  // m_run = -inf -> 0
-                float sum = 0.f;
-#pragma unroll
-                for (int jn = 0; jn < 4; ++jn)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const float pe = fast_exp2(s[mt][jn][hf * 2 + e] - base);
-                        s[mt][jn][hf * 2 + e] = pe;
-                        sum += pe;
-                    }
-                l_run[mt][hf] = l_run[mt][hf] * alpha[hf] + sum;
-                m_run[mt][hf] = m_new;
             }
+            mx = warp_max4(mx);
+            const float m_new = C::kLazyMax ? lazy_max(m_run[mt][hf], mx) : fmaxf(m_run[mt][hf], mx);
+            const float base = (m_new == -INFINITY) ? 0.f : m_new;
+            alpha[hf] = fast_exp2(m_run[mt][hf] - base);  // m_run = -inf -> 0
+            float sum = 0.f;
+#pragma unroll
+            for (int jn = 0; jn < 4; ++jn)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float pe = fast_exp2(s[mt][jn][hf * 2 + e] - base);
+                    s[mt][jn][hf * 2 + e] = kVScaled ? pe * vsc[jn][e] : pe;
+                    sum += pe;
+                }
+            l_run[mt][hf] = l_run[mt][hf] * alpha[hf] + sum;
+            m_run[mt][hf] = m_new;
         }
         if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // the running max moved
             if constexpr (kSwapPV<C>) {  // o is Oᵀ: this lane's query rows are 2tq and 2tq + 1
