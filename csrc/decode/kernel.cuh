@@ -508,7 +508,9 @@ __device__ __forceinline__ float lazy_max(float m_run, float mx) { return mx > m
 // request; len: the request's clamped length; g, tq: the lane's fragment row and column pair.
 //
 // fp8 rows (kMaskAdd, log #83): S comes scaled to the log2 domain and the valid flags are
-// additive masks: one add per score instead of a flag compare, a select and a multiply (dense
+// additive masks (a masked row was zero-filled, so its score is 0, or NaN only where the query
+// already makes every score NaN, and 0 + -inf = -inf): one add per score instead of a flag
+// compare, a select and a multiply (dense
 // steps keep the compare against the causal limit: a branch around it, taken only in the tiles
 // that reach it, measured 1.5-3.6 % slower on the dense fp8_ds_mla 16-row rows).
 template <typename C, bool kSparse>
