@@ -508,11 +508,11 @@ __device__ __forceinline__ float lazy_max(float m_run, float mx) { return mx > m
 // request; len: the request's clamped length; g, tq: the lane's fragment row and column pair.
 //
 // fp8 rows (kMaskAdd, log #83): S comes scaled to the log2 domain and the valid flags are
-// additive masks (a masked row was zero-filled, so its score is 0, or NaN only where the query
-// already makes every score NaN, and 0 + -inf = -inf): one add per score instead of a flag
-// compare, a select and a multiply (dense
-// steps keep the compare against the causal limit: a branch around it, taken only in the tiles
-// that reach it, measured 1.5-3.6 % slower on the dense fp8_ds_mla 16-row rows).
+// additive masks (a masked row was zero-filled, so its score is 0 and 0 + -inf = -inf; NaN only
+// for a query that is not finite, whose output is not finite either way): one add per score
+// instead of a flag compare, a select and a multiply (dense steps keep the compare against the
+// causal limit: a branch around it, taken only in the tiles that reach it, measured 1.5-3.6 %
+// slower on the dense fp8_ds_mla 16-row rows).
 template <typename C, bool kSparse>
 __device__ __forceinline__ void softmax_tile(const DecodeArgs& a, float (&s)[C::kMTiles][4][4], const int32_t* valid_lane,
                                              int pos0, int len, int m_tile, int g, int tq, uint32_t kv_base, int warp,
