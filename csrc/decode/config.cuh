@@ -130,7 +130,7 @@ struct KernelConfig : Tile {
     // decode/smem.cuh part_slot)
     static constexpr int kPartialPad = kSharedSoftmax ? 1 : 0;
     static constexpr int kPartialPairPad = kSharedSoftmax && Tile::kMTiles == 1 ? 2 : 0;
-    static constexpr int kPartialFrags = Tile::kPartialBytes / 32 / (8 * Tile::kFragRows);
+    static constexpr int kPartialFrags = Tile::kWarps * Tile::kMTiles * Tile::kSNTiles;  // (warp, m-tile, n8 tile)
     static constexpr int kPartialBytes =
         (kPartialFrags * (32 + kPartialPad) + kPartialFrags / 2 * kPartialPairPad) * 8 * Tile::kFragRows;
     static constexpr int kSmemBytes =
