@@ -177,7 +177,7 @@ typedef struct {
     int32_t block_m;         /* 8, 16 or 32 query rows per decode CTA (8: the MMA's rows 8-15 unused,
                                 skipped by the softmax; 32: 8 warps, Q fragments from global
                                 memory). Default: 8 with at most 8 query rows per request; 32
-                                with >= 32 for per-tensor fp8, for fp8_ds_mla where only one
+                                with more than 16 for per-tensor fp8, for fp8_ds_mla where only one
                                 4-warp CTA fits an SM (sm_120, sm120_occupancy), for 16-bit
                                 caches on long steps (docs/DESIGN.md); else 16 */
     int32_t pdl;             /* MLA_PDL_OFF, or an OR of the MLA_PDL_* bits. Default

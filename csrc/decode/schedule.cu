@@ -97,7 +97,10 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     if (fit != MLA_STATUS_OK) return fit;
     // At most 8 query rows per request (8 heads or fewer, q_len 1): the half m-tile
     // configurations (8 rows per CTA: the per-row phases skip the MMA's unused rows 8-15).
-    // With >= 32 query rows: per-tensor fp8 takes the 32-row configuration even where two 4-warp
+    // With more than 16 query rows (two or more 16-row m-tiles; 17-31 rows since log #84 (b):
+    // one 32-row CTA, partly empty, reads the cache once where two 16-row ones read it twice, so
+    // sm120-occupancy h=20, q=3 h=8, q=2 h=12, h=28 and sparse h=24 steps take 19-25 % less time
+    // and per-tensor fp8 h=20 4 %): per-tensor fp8 takes the 32-row configuration even where two 4-warp
     // CTAs fit an SM (6-9 % faster on the H200, log #57: its one softmax per tile serves 32 rows
     // and every converted K/V fragment two m-tiles); fp8_ds_mla's exact per-warp softmax makes
     // the 32-row CTA slower than two 4-warp ones (10-39 %), so it takes it only where one 4-warp
@@ -110,7 +113,7 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     const int m_rows = q_len * num_heads;
     const int64_t slots = static_cast<int64_t>(sm_count) * ctas;
     const bool long_step = max_tiles >= (ctas == 1 ? 12 : 32) * slots;
-    const bool wide = m_rows >= 32 && tune.warps != 4 &&
+    const bool wide = m_rows > 16 && tune.warps != 4 &&
                       (fmt == MLA_KV_FP8 || (fmt == MLA_KV_FP8_DS_MLA ? ctas == 1 : long_step));
     int block_m = m_rows <= 8 ? 8 : (wide ? 32 : 16);
     if (tune.block_m != 0) block_m = tune.block_m;
@@ -128,7 +131,13 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     const bool small_4warps = small && !fp8 && !one_tile_parts && all_tiles > 2;
     int warps = block_m == 32 || (small && !small_4warps) ? 8 : 4;
     if (tune.warps != 0) warps = tune.warps;
-    const bool one_per_sm = small && warps == 4;
+    // Medium steps (at most four tiles per SM, i.e. two per CTA slot at two CTAs per SM): one
+    // 4-warp CTA per SM as well, streaming ~4 tiles, instead of two streaming two each: half the
+    // parts to start and the pieces to write and merge (log #84 (c): 2-12 % faster with 16 query
+    // rows per CTA and with fp8 rows, whose pieces weigh 0.8-1.5 tiles; the 16-bit 8-row steps,
+    // whose pieces weigh 0.4, lost up to 5 % and keep two CTAs per SM).
+    const bool medium = !small && max_tiles <= 4LL * sm_count && (fp8 || block_m != 8);
+    const bool one_per_sm = (small || medium) && warps == 4;
     fit = with_config(warps, block_m, [&](auto c) {
         return config_fit<decltype(c)>(fmt, sm120_occupancy, one_per_sm, smem_per_sm, optin, &smem, &ctas);
     });

@@ -13,8 +13,8 @@
 //     split the QK width; before the first tile's S they are find_part's scratch;
 //   - valid flags: one int per tile row and stage, 0 where the row is masked (past the
 //     length, a bad block id or slot id) and was zero-filled; fp8 rows with one softmax per
-//     warp (KernelConfig::kMaskAdd) store an additive mask instead: the bits of 0.f, or of
-//     -inf where masked.
+//     warp and sparse 16-bit rows with one per tile (kMaskBits, decode/kernel.cuh) store an
+//     additive mask instead: the bits of 0.f, or of -inf where masked.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -102,7 +102,7 @@ struct SmemPlan {
     __device__ __forceinline__ uint8_t* p_tile() const { return reinterpret_cast<uint8_t*>(valid_) + (kPOffset - kValidOffset); }
     __device__ __forceinline__ float* alpha() const { return reinterpret_cast<float*>(valid_) + (kAlphaOffset - kValidOffset) / 4; }
     __device__ __forceinline__ float2* stats() const { return reinterpret_cast<float2*>(valid_) + (kStatsOffset - kValidOffset) / 8; }
-    // The valid flags of stage s's kBlockN rows (kMaskAdd: 0.f or -inf as float bits).
+    // The valid flags of stage s's kBlockN rows (kMaskBits in decode/kernel.cuh: 0.f or -inf as float bits).
     __device__ __forceinline__ int32_t* valid(int stage) const { return valid_ + stage * C::kBlockN; }
 };
 
