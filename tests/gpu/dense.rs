@@ -118,6 +118,50 @@ fn dense_random_shapes() {
     });
 }
 
+/// The schedule's boundaries of log #84 on the default plan, both occupancies: 17, 24 and 31
+/// query rows (heads, or q_len 3 x 8 heads) on steps long enough for the 32-row configuration
+/// with one CTA per SM (sm120 occupancy), and medium steps (at most four tiles per SM: one
+/// 4-warp CTA per SM) with 16 and 64 query rows; random lengths near the longest, so that the
+/// parts are uneven.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dense_schedule_boundaries() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("dense_schedule_boundaries");
+    // (q_len, heads, batch, longest)
+    let shapes = [
+        (1usize, 17usize, 8usize, 4096usize),
+        (3, 8, 8, 4096),
+        (1, 31, 6, 4096),
+        (1, 16, 4, 4096),
+        (1, 64, 1, 4096),
+    ];
+    for sm120 in [false, true] {
+        for &(q_len, heads, batch, longest) in &shapes {
+            let bs = [16usize, 32, 64, 128][rng.below(4)];
+            let lens: Vec<i32> = (0..batch)
+                .map(|_| rng.range(longest - 300, longest) as i32)
+                .collect();
+            let spec = DenseSpec {
+                q_len,
+                heads,
+                block_size: bs,
+                max_blocks_per_seq: longest.div_ceil(bs),
+                table_pad: rng.below(3),
+                block_pad: 8 * rng.below(3),
+                spare_blocks: rng.below(4),
+                junk_unused: true,
+                seq_lens: lens,
+                scale: rng.softmax_scale(),
+            };
+            let label = format!(
+                "dense_schedule_boundaries q_len {q_len} heads {heads} batch {batch} sm120 {sm120}"
+            );
+            check_dense::<bf16>(&label, &mut rng, &stream, &spec, plan_options(sm120));
+        }
+    }
+}
+
 /// Lengths 0, 1, 15, 16, 17, around every block size, not multiples of it, and the full
 /// table, with q_len 1 and 8 (so that some causal rows see nothing), both dtypes.
 #[test]
