@@ -11,7 +11,9 @@
 #                MLA_MIN_CHUNK, MLA_SPLIT and MLA_PATH into the plan's Tuning (benches/common/gpu.rs); the library
 #                itself reads no environment variable.
 #   BENCH_ARGS   passed to bench-decode, e.g. --case dense:b=1,h=8,l=4096 --sm120-occupancy off
-# Writes $OUT/ab.log (every run's output) and $OUT/ab.txt (the table).
+# Writes $OUT/ab.log (every run's output) and $OUT/ab.txt (the table, then the rows where setting
+# [0] is more than MLA_AB_GAP % (default 3) slower than the best setting or than its own
+# sm120-occupancy twin: a knob sweep's schedule gaps).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root" || exit 1
@@ -60,5 +62,28 @@ for n, per in rows.items():
         v = per.get(i, [])
         cells.append(f"{statistics.median(v):8.2f} ({'/'.join(f'{x:.1f}' for x in v)})" if v else "-")
     print(f"{n:<{w}} " + " ".join(f"{c:>22}" for c in cells))
+# Gaps: rows where setting [0] (the default, in a knob sweep) is slower than the best setting by
+# more than MLA_AB_GAP percent (default 3), and rows whose [0] is slower than its own
+# sm120-occupancy twin's [0] by as much (the twin runs the default's configuration at one CTA per
+# SM): where the schedule leaves time on the table (docs/DEVELOPING.md, "Session 20").
+gap = float(os.environ.get("MLA_AB_GAP", "3"))
+med = {n: {i: statistics.median(v) for i, v in per.items() if v} for n, per in rows.items()}
+lines = []
+for n, m in med.items():
+    if 0 not in m or len(m) < 2:
+        continue
+    best = min(m, key=m.get)
+    if m[0] > m[best] * (1 + gap / 100):
+        lines.append(f"  {n}: [0] {m[0]:.2f} us, [{best}] {m[best]:.2f} us ({100 * (m[best] / m[0] - 1):+.1f} %)")
+for n, m in med.items():
+    twin = n.replace(" (graph)", "")
+    twin = twin + " [sm120-occ]" + (" (graph)" if n.endswith(" (graph)") else "")
+    if "[sm120-occ]" in n or twin not in med or 0 not in m or 0 not in med[twin]:
+        continue
+    if m[0] > med[twin][0] * (1 + gap / 100):
+        lines.append(f"  {n}: [0] {m[0]:.2f} us, its sm120-occupancy twin {med[twin][0]:.2f} us")
+print(f"gaps over {gap:g} %:" + ("" if lines else " none"))
+for line in lines:
+    print(line)
 EOF
 rm -rf "$tmp"
