@@ -120,9 +120,10 @@ fn dense_random_shapes() {
 
 /// The schedule's boundaries of log #84 on the default plan, both occupancies: 17, 24 and 31
 /// query rows (heads, or q_len 3 x 8 heads) on steps long enough for the 32-row configuration
-/// with one CTA per SM (sm120 occupancy), and medium steps (at most four tiles per SM: one
-/// 4-warp CTA per SM) with 16 and 64 query rows; random lengths near the longest, so that the
-/// parts are uneven.
+/// with one CTA per SM (sm120 occupancy; 2,560 16-row tiles: long up to 213 SMs), and medium
+/// steps (at most four tiles per SM: one 4-warp CTA per SM; 512 tiles: medium from 128 to 256
+/// SMs) with 16 and 64 query rows; random lengths near the longest, so that the parts are
+/// uneven.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn dense_schedule_boundaries() {
@@ -130,9 +131,9 @@ fn dense_schedule_boundaries() {
     let mut rng = rng_for("dense_schedule_boundaries");
     // (q_len, heads, batch, longest)
     let shapes = [
-        (1usize, 17usize, 8usize, 4096usize),
-        (3, 8, 8, 4096),
-        (1, 31, 6, 4096),
+        (1usize, 17usize, 10usize, 4096usize),
+        (3, 8, 10, 4096),
+        (1, 31, 10, 4096),
         (1, 16, 4, 4096),
         (1, 64, 1, 4096),
     ];
