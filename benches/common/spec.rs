@@ -293,6 +293,8 @@ pub const DEFAULT_GRID: &[&str] = &[
     "dense:b=128,h=128,l=4096",
     "dense:b=32,q=4,h=16,l=4096", // 64 query rows per cache row: MTP x heads (issue #15)
     "dense:b=32,q=2,h=8,l=8192",  // GLM-5 at TP8 with one MTP token
+    "dense:b=16,q=3,h=8,l=4096",  // two MTP tokens: 24 query rows, one 32-row CTA (log #84 (b))
+    "dense:b=4,h=16,l=4096",      // a medium step: one 4-warp CTA per SM (log #84 (c))
     "dense:b=64,h=8,l=4096,dtype=f16",
     "dense:b=64,h=8,l=4096,kv=fp8_ds_mla",
     "dense:b=128,h=8,l=8192,kv=fp8_ds_mla",
