@@ -42,7 +42,7 @@ extern "C" {
 
 /* ---- version ------------------------------------------------------------------- */
 /* Bumped on every incompatible change of this header (a field, a function, a value). */
-#define MLA_ABI_VERSION 2
+#define MLA_ABI_VERSION 3
 
 /* ---- constants of the model family ---------------------------------------------- */
 #define MLA_HEAD_DIM 576     /* q and cache row width: 512 latent + 64 rope */
@@ -158,7 +158,7 @@ typedef enum {
  * ROWS: the row kernel, a CTA per query row whose warps walk the request's cache rows on the
  * CUDA cores, no split and no combine: the default for one-part steps (batch *
  * ceil(max_len / 32) <= 2: the one-token call, top-1..64 sparse rows) of at most one query row
- * (batch * q_len * heads) per SM; correct for any shape and lengths when forced, but each 32
+ * (batch * q_len * heads) per SM, two for sparse schedules; correct for any shape and lengths when forced, but each 32
  * positions of a request cost it a dependent round trip. */
 #define MLA_PATH_TILES 1
 #define MLA_PATH_ROWS 2
@@ -179,7 +179,7 @@ typedef struct {
                                 memory). Default: 8 with at most 8 query rows per request; 32
                                 with more than 16 for per-tensor fp8, for fp8_ds_mla where only one
                                 4-warp CTA fits an SM (sm_120, sm120_occupancy), for 16-bit
-                                caches on long steps (docs/DESIGN.md); else 16 */
+                                caches on long steps of long requests (docs/DESIGN.md); else 16 */
     int32_t pdl;             /* MLA_PDL_OFF, or an OR of the MLA_PDL_* bits. Default
                                 MLA_PDL_DEFAULT; no PDL before sm_90 whatever is asked */
     int32_t combine_slices;  /* 1, 4 or 16 combine CTAs per merged row's 512 dims. Default 16
@@ -192,11 +192,17 @@ typedef struct {
                                 where the schedule allows it (below), else flat */
     int32_t path;            /* which kernel runs: MLA_PATH_TILES or MLA_PATH_ROWS. Default
                                 MLA_PATH_ROWS on one-part steps of at most one query row per SM
-                                (above), else MLA_PATH_TILES. ROWS takes at most 65,535
+                                (sparse: two; above), else MLA_PATH_TILES. ROWS takes at most 65,535
                                 requests (sparse: tokens) */
 } mla_tuning_t;
 
 /* ---- schedule: host-side launch decisions, made once per shape ------------------ */
+/* Which decode call a schedule serves (the schedule's rules for short requests differ). */
+typedef enum {
+    MLA_KIND_DENSE = 0,  /* mla_dense_decode */
+    MLA_KIND_SPARSE = 1  /* mla_sparse_decode */
+} mla_kind_t;
+
 /* The problem a schedule is made for. */
 typedef struct {
     int32_t batch;             /* dense: requests; sparse: query tokens T (MTP tokens are more rows) */
@@ -207,6 +213,8 @@ typedef struct {
                                   width (dense) or topk (sparse); lengths are clamped to what its
                                   own block table or indices hold */
     mla_kv_format_t kv_format; /* the cache format the decode calls will read */
+    mla_kind_t kind;           /* MLA_KIND_DENSE (0, what a zeroed struct says) or MLA_KIND_SPARSE:
+                                  the decode call the schedule serves; the other call rejects it */
 } mla_shape_t;
 
 /* The configuration a schedule chose: filled by mla_schedule_init, read by the launches;
@@ -232,6 +240,7 @@ typedef struct {
     int32_t num_heads;
     int32_t max_len;
     mla_kv_format_t kv_format;
+    mla_kind_t kind;
     int32_t num_m_tiles;    /* ceil(q_len*num_heads / block_m) */
     int32_t num_parts;      /* split-KV parts per m-tile (grid = num_m_tiles x num_parts) */
     int32_t smem_bytes;     /* dynamic shared memory per CTA actually requested */

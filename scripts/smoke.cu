@@ -396,7 +396,7 @@ static double run_sparse(int T, int heads, int topk, int pool, bool holes, int o
     const float scale = 1.f / 16.f;
     mla_schedule_t s;
     const mla_tuning_t tune = tuning(occ);
-    const mla_shape_t shape{T, 1, heads, topk, MLA_KV_BF16};
+    const mla_shape_t shape{T, 1, heads, topk, MLA_KV_BF16, MLA_KIND_SPARSE};
     MK(mla_schedule_init(&s, &shape, &tune));
     void *d_cache, *d_q, *d_out, *d_ws;
     int* d_idx;

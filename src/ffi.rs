@@ -68,6 +68,7 @@ mod tests {
             num_heads: 8,
             max_len: 64,
             kv_format: mla_kv_format_t::MLA_KV_BF16,
+            kind: mla_kind_t::MLA_KIND_DENSE,
         };
         let mut s = mla_schedule_t::default();
         // SAFETY: valid pointers to local structs; tuning may be NULL.

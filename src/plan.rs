@@ -279,6 +279,10 @@ impl DecodePlan {
             num_heads,
             max_len,
             kv_format: kind.kv_format().to_ffi(),
+            kind: match kind {
+                PlanKind::Dense(_) => ffi::mla_kind_t::MLA_KIND_DENSE,
+                PlanKind::Sparse(_) => ffi::mla_kind_t::MLA_KIND_SPARSE,
+            },
         };
         options.tuning.check()?;
         let mut schedule = ffi::mla_schedule_t::default();

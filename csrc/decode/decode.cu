@@ -292,6 +292,8 @@ extern "C" mla_status_t mla_dense_decode(const mla_schedule_t* s, const mla_dens
     enter("mla_dense_decode");
     MLA_CHECK(s != nullptr, "s: NULL");
     MLA_CHECK(p != nullptr, "p: NULL");
+    MLA_CHECK(s->kind == MLA_KIND_DENSE, "s: made for sparse decode (shape.kind MLA_KIND_SPARSE); dense decode takes "
+              "a schedule made with MLA_KIND_DENSE");
     MLA_CHECK(p->batch == s->batch && p->q_len == s->q_len,
               "batch, q_len: (%d, %d), the schedule was made for (%d, %d)", p->batch, p->q_len, s->batch, s->q_len);
     DecodeArgs a;
@@ -319,7 +321,8 @@ extern "C" mla_status_t mla_sparse_decode(const mla_schedule_t* s, const mla_spa
     enter("mla_sparse_decode");
     MLA_CHECK(s != nullptr, "s: NULL");
     MLA_CHECK(p != nullptr, "p: NULL");
-    MLA_CHECK(s->q_len == 1, "s: a dense schedule (q_len %d); sparse decode takes one made with q_len 1", s->q_len);
+    MLA_CHECK(s->kind == MLA_KIND_SPARSE, "s: made for dense decode (shape.kind MLA_KIND_DENSE); sparse decode takes "
+              "a schedule made with MLA_KIND_SPARSE");
     MLA_CHECK(p->num_tokens == s->batch, "num_tokens: %d, the schedule was made for %d", p->num_tokens, s->batch);
     DecodeArgs a;
     MLA_TRY(common_args(s, p, p->num_tokens, a));

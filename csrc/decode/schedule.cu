@@ -12,6 +12,12 @@ using namespace mla;
 
 namespace {
 
+// Tiles per request (at the shape's max_len), dense / sparse: from which the 32-row configuration
+// may run with two CTAs per SM, and up to which a one-m-tile 16-bit step runs one CTA per SM
+// (log #85, rules A and B).
+constexpr int64_t kWideReqTiles[2] = {64, 32};
+constexpr int64_t kShortReqTiles[2] = {5, 2};
+
 // Dynamic shared memory a configuration requests for cache format fmt (padded in
 // sm120-occupancy mode so that an SM holds as many CTAs as an sm_120 SM, and with one_per_sm
 // so that it holds one) and the CTAs per SM that then fit.
@@ -51,6 +57,10 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     MLA_CHECK(num_heads >= 1 && num_heads <= MLA_MAX_HEADS, "shape.num_heads: %d, must be in 1..=%d", num_heads,
               MLA_MAX_HEADS);
     MLA_CHECK(max_len >= 1 && max_len <= 0x7fffffff - 31, "shape.max_len: %d, must be in 1..=INT32_MAX-31", max_len);
+    MLA_CHECK(shape->kind == MLA_KIND_DENSE || shape->kind == MLA_KIND_SPARSE,
+              "shape.kind: %d, must be MLA_KIND_DENSE (0) or MLA_KIND_SPARSE (1)", static_cast<int>(shape->kind));
+    const bool sparse = shape->kind == MLA_KIND_SPARSE;
+    MLA_CHECK(!sparse || q_len == 1, "shape.q_len: %d, must be 1 for sparse decode (MTP tokens are more rows)", q_len);
     const mla_kv_format_t fmt = shape->kv_format;
     MLA_CHECK(fmt == MLA_KV_F16 || fmt == MLA_KV_BF16 || fmt == MLA_KV_FP8_DS_MLA || fmt == MLA_KV_FP8,
               "shape.kv_format: %d is not an mla_kv_format_t", static_cast<int>(fmt));
@@ -110,9 +120,18 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     // 8-56 % at 1-8 (t=1 h=32, b=1 h=32, b=2 q=2 h=16, b=1 h=128, t=4 h=64); with two per SM it
     // won 1-6 % at 62-248, tied at 31 and lost 9-14 % at 3.9-15.5 (t=4 h=64, b=8 h=64,
     // b=4 h=32 l=16384), 37-51 % on the small steps.
+    // With two 4-warp CTAs per SM (the H200) the 32-row CTA also needs long requests (log #85
+    // (a)): it takes its Q fragments from global memory at every segment start (no Q tile), so
+    // requests of a few tiles pay that chain per request, where the 16-row CTA prefetches its
+    // staged Q with the pipeline. At 32-128 heads requests of 2-24 tiles ran 2-29 % faster in
+    // 16-row CTAs; at 32 tiles dense ones 1.5-2 % (sparse: even), at 64 dense ones even (sparse:
+    // the 32-row CTA 4 % faster). With one CTA per SM (sm_120) the 32-row CTA kept winning from 4
+    // tiles per request on.
     const int m_rows = q_len * num_heads;
     const int64_t slots = static_cast<int64_t>(sm_count) * ctas;
-    const bool long_step = max_tiles >= (ctas == 1 ? 12 : 32) * slots;
+    const int64_t req_tiles = (static_cast<int64_t>(max_len) + Cfg::kBlockN - 1) / Cfg::kBlockN;
+    const bool long_step =
+        max_tiles >= (ctas == 1 ? 12 : 32) * slots && (ctas == 1 || req_tiles >= kWideReqTiles[sparse]);
     const bool wide = m_rows > 16 && tune.warps != 4 &&
                       (fmt == MLA_KV_FP8 || (fmt == MLA_KV_FP8_DS_MLA ? ctas == 1 : long_step));
     int block_m = m_rows <= 8 ? 8 : (wide ? 32 : 16);
@@ -135,9 +154,16 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     // 4-warp CTA per SM as well, streaming ~4 tiles, instead of two streaming two each: half the
     // parts to start and the pieces to write and merge (log #84 (c): 2-12 % faster with 16 query
     // rows per CTA and with fp8 rows, whose pieces weigh 0.8-1.5 tiles; the 16-bit 8-row steps,
-    // whose pieces weigh 0.4, lost up to 5 % and keep two CTAs per SM).
-    const bool medium = !small && max_tiles <= 4LL * sm_count && (fp8 || block_m != 8);
-    const bool one_per_sm = (small || medium) && warps == 4;
+    // whose pieces weigh 0.4, lost up to 5 % and keep two CTAs per SM). Dense 16-bit steps gain up
+    // to six tiles per SM (b=5-6 h=16 l=4096 4-10 % faster), sparse and fp8 ones lost 4-9 % there.
+    const int64_t medium_tiles = !sparse && !fp8 && block_m != 8 ? 6 : 4;
+    const bool medium = !small && max_tiles <= medium_tiles * sm_count && (fp8 || block_m != 8);
+    // Short requests at 9-16 query rows (one 16-row m-tile, 16-bit rows; log #85 (b)): one 4-warp
+    // CTA per SM as well where every request is at most kShortReqTiles tiles long: dense h=16,
+    // h=12 and q=2 h=8 at b=512-2048 ran 11-16 % faster so at 2-3 tiles per request, 3-9 % at 4,
+    // 2 % at 5, and lost up to 5 % from 6 on; sparse h=16 top-64 3.5 % faster, top-128 10 % slower.
+    const bool short_reqs = req_tiles <= kShortReqTiles[sparse] && block_m == 16 && m_rows <= 16 && !fp8;
+    const bool one_per_sm = (small || medium || short_reqs) && warps == 4;
     fit = with_config(warps, block_m, [&](auto c) {
         return config_fit<decltype(c)>(fmt, sm120_occupancy, one_per_sm, smem_per_sm, optin, &smem, &ctas);
     });
@@ -164,6 +190,7 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     s->num_heads = num_heads;
     s->max_len = max_len;
     s->kv_format = fmt;
+    s->kind = shape->kind;
     s->num_m_tiles = m_tiles;
     s->num_parts = parts;
     s->smem_bytes = smem;
@@ -195,8 +222,11 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     in.split = within ? MLA_SPLIT_WITHIN_REQUESTS : MLA_SPLIT_FLAT;
     // The row kernel (decode/rows.cuh) where a step is one part (at most two 32-row tiles in
     // all) and its CTAs, one per query row, fit the SMs: two round trips and a short fp32
-    // chain, against the tile kernel's three round trips and a tile's MMA chain.
-    const bool rows = parts == 1 && static_cast<int64_t>(m_rows) * batch <= sm_count && batch <= kRowsMaxBatch;
+    // chain, against the tile kernel's three round trips and a tile's MMA chain. Sparse steps
+    // take it for up to two waves of CTAs (log #76: t=2 h=128 top-1 10.58 -> 8.11 us, top-32
+    // 10.94 -> 9.79), where dense ones lost 0.5-0.7 us.
+    const int64_t row_ctas = static_cast<int64_t>(sm_count) * (sparse ? 2 : 1);
+    const bool rows = parts == 1 && static_cast<int64_t>(m_rows) * batch <= row_ctas && batch <= kRowsMaxBatch;
     in.path = tune.path != 0 ? tune.path : (rows ? MLA_PATH_ROWS : MLA_PATH_TILES);
     return MLA_STATUS_OK;
 }

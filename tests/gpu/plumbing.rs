@@ -546,3 +546,55 @@ fn gpu_append_and_gather() {
     want.extend([777; 6]);
     assert_eq!(stream.clone_dtoh(&out).unwrap(), want);
 }
+
+/// The C ABI's schedule carries the decode call it serves (`mla_shape_t::kind`): a schedule made
+/// for one call is rejected by the other, naming the field; a sparse shape must have q_len 1.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_schedule_kind_is_checked() {
+    use mla_decode::ffi::{self, mla_kind_t::*};
+    let stream = stream();
+    stream.context().bind_to_thread().unwrap();
+    let shape = |kind, q_len| ffi::mla_shape_t {
+        batch: 2,
+        q_len,
+        num_heads: 8,
+        max_len: 256,
+        kv_format: ffi::mla_kv_format_t::MLA_KV_BF16,
+        kind,
+    };
+    let init = |sh: &ffi::mla_shape_t| {
+        let mut s = ffi::mla_schedule_t::default();
+        // SAFETY: valid pointers to local structs; tuning may be NULL.
+        let st = unsafe { ffi::mla_schedule_init(&mut s, sh, std::ptr::null()) };
+        (status_to_result("mla_schedule_init", st.0), s)
+    };
+    let (ok, dense) = init(&shape(MLA_KIND_DENSE, 1));
+    assert_eq!(ok, Ok(()));
+    assert_eq!(dense.kind, MLA_KIND_DENSE);
+    let (ok, sparse) = init(&shape(MLA_KIND_SPARSE, 1));
+    assert_eq!(ok, Ok(()));
+    assert_eq!(sparse.kind, MLA_KIND_SPARSE);
+    let (err, _) = init(&shape(MLA_KIND_SPARSE, 2));
+    assert!(
+        matches!(&err, Err(Error::Rejected { reason, .. }) if reason.contains("shape.q_len")),
+        "{err:?}"
+    );
+    // The kind is checked before any parameter, so zeroed parameters reach it.
+    let sp = ffi::mla_sparse_params_t::default();
+    let dp = ffi::mla_dense_params_t::default();
+    // SAFETY: valid pointers; the calls reject the schedule before reading any device pointer.
+    let st = unsafe { ffi::mla_sparse_decode(&dense, &sp, std::ptr::null_mut()) };
+    let err = status_to_result("mla_sparse_decode", st.0);
+    assert!(
+        matches!(&err, Err(Error::Rejected { reason, .. }) if reason.contains("MLA_KIND_SPARSE")),
+        "{err:?}"
+    );
+    // SAFETY: as above.
+    let st = unsafe { ffi::mla_dense_decode(&sparse, &dp, std::ptr::null_mut()) };
+    let err = status_to_result("mla_dense_decode", st.0);
+    assert!(
+        matches!(&err, Err(Error::Rejected { reason, .. }) if reason.contains("MLA_KIND_DENSE")),
+        "{err:?}"
+    );
+}
