@@ -184,7 +184,8 @@ typedef struct {
                                 MLA_PDL_DEFAULT; no PDL before sm_90 whatever is asked */
     int32_t combine_slices;  /* 1, 4 or 16 combine CTAs per merged row's 512 dims. Default 16
                                 when 16 per split row still give at most one per SM (b=1, t=1
-                                at 8 rows), else 4 */
+                                at 8 rows); 2 or 1 on large batches of short requests
+                                (docs/DESIGN.md §5.4); else 4 */
     int32_t min_chunk;       /* >= 1: the fewest 32-row tiles a split-KV part streams. Default 1
                                 when the step has at most SMs tiles, else 2 */
     int32_t split;           /* how the tiles are cut into parts: MLA_SPLIT_FLAT or
@@ -224,9 +225,8 @@ typedef struct {
     int32_t block_m;        /* query rows per decode CTA: 8, 16 or 32 */
     int32_t pdl;            /* MLA_PDL_* bits in effect (0: no PDL) */
     int32_t min_chunk;      /* fewest 32-row tiles a split-KV part streams */
-    int32_t combine_slices; /* combine CTAs per merged row's 512 dims: 1, 4 or 16; 2 where
-                               the schedule merges a row per warp and 4 would take two
-                               waves of combine CTAs */
+    int32_t combine_slices; /* combine CTAs per merged row's 512 dims: 1, 2, 4 or 16 (2 and,
+                               by default, 1 only where the schedule merges a row per warp) */
     int32_t split;          /* MLA_SPLIT_FLAT or MLA_SPLIT_WITHIN_REQUESTS */
     int32_t path;           /* MLA_PATH_TILES or MLA_PATH_ROWS */
 } mla_schedule_internal_t;

@@ -15,7 +15,7 @@ namespace {
 // Tiles per request (at the shape's max_len), dense / sparse: from which the 32-row configuration
 // may run with two CTAs per SM, and up to which a one-m-tile 16-bit step runs one CTA per SM
 // (log #85, rules A and B).
-constexpr int64_t kWideReqTiles[2] = {64, 32};
+constexpr int64_t kWideReqTiles[2] = {128, 32};
 constexpr int64_t kShortReqTiles[2] = {5, 2};
 
 // Dynamic shared memory a configuration requests for cache format fmt (padded in
@@ -125,8 +125,9 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     // requests of a few tiles pay that chain per request, where the 16-row CTA prefetches its
     // staged Q with the pipeline. At 32-128 heads requests of 2-24 tiles ran 2-29 % faster in
     // 16-row CTAs; at 32 tiles dense ones 1.5-2 % (sparse: even), at 64 dense ones even (sparse:
-    // the 32-row CTA 4 % faster). With one CTA per SM (sm_120) the 32-row CTA kept winning from 4
-    // tiles per request on.
+    // the 32-row CTA 4 % faster), and dense lengths drawn from 1-2048 (64 tiles at most) 4-9 %;
+    // at 128 tiles the 32-row CTA wins 1-6 % (log #82). With one CTA per SM (sm_120) the 32-row
+    // CTA kept winning from 4 tiles per request on.
     const int m_rows = q_len * num_heads;
     const int64_t slots = static_cast<int64_t>(sm_count) * ctas;
     const int64_t req_tiles = (static_cast<int64_t>(max_len) + Cfg::kBlockN - 1) / Cfg::kBlockN;

@@ -548,11 +548,26 @@ inline int64_t combine_row_ctas(const mla_schedule_t* s) {
 // 19.3 -> 15.8 us) and the others' CTAs start beside decode's tail. Slices 1 stays for tuning.
 // With a warp per row, 2 slices where 4 would need a second wave of combine CTAs (five per SM
 // at 48 registers) and 2 (four per SM at 64) fit one: b=128 or t=128 at 16 heads, whose 1,024
-// CTAs of 4 slices left the last ~350 waiting for a free SM (log #63).
+// CTAs of 4 slices left the last ~350 waiting for a free SM (log #63). With a warp per row and
+// no request long enough to be dealt (at most kLongPieces tiles of min_chunk at max_len, so at
+// most kLongPieces + 1 pieces), 1 slice where 2 would not fit one wave either, and where the
+// batch is larger than a combine CTA's threads (every combine CTA walks the lengths in several
+// passes to find its split request, so fewer CTAs repeat less of it): log #85 (e), b=512-2048
+// of 64-1024 positions at 16-64 heads and sparse t=512-2048 top-256 at 16 heads 3-12 % faster,
+// b=512-2048 at 8 heads with one CTA per SM (sm_120) 1-9 %; where 2 slices fit a wave they stay
+// (1 lost up to 3 % there). The 1-slice combine deals nothing: a request of hundreds of pieces
+// would merge alone, so longer max_len keep 4 slices and their dealing kernel.
 inline int combine_slices(const mla_schedule_t* s) {
     const int64_t row_ctas = combine_row_ctas(s);
     if (16 * row_ctas <= s->sm_count) return 16;
-    if (combine_rows(s) > 1 && 4 * row_ctas > 5 * s->sm_count && 2 * row_ctas <= 4 * s->sm_count) return 2;
+    const bool warp_rows = combine_rows(s) > 1;
+    const int64_t req_tiles = (static_cast<int64_t>(s->max_len) + Cfg::kBlockN - 1) / Cfg::kBlockN;
+    const bool none_long = req_tiles <= static_cast<int64_t>(kLongPieces) * s->internal.min_chunk;
+    if (warp_rows && 4 * row_ctas > 5 * s->sm_count) {
+        if (2 * row_ctas <= 4 * s->sm_count) return 2;
+        if (none_long) return 1;
+    }
+    if (warp_rows && none_long && s->batch > kCombineWarps * 32) return 1;
     return 4;
 }
 

@@ -163,6 +163,49 @@ fn dense_schedule_boundaries() {
     }
 }
 
+/// Log #85's schedule rules on the default plan, both occupancies: large batches of short
+/// requests, whose steps run 16-row CTAs at 64 heads (the 32-row CTA needs long requests), one
+/// 4-warp CTA per SM at 16 query rows (at most 5 tiles per request), and the 1- and 2-slice
+/// combines (a warp per merged row, batches over 256); lengths drawn from 1 to the longest.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dense_short_requests() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("dense_short_requests");
+    // (q_len, heads, batch, longest)
+    let shapes = [
+        (1usize, 16usize, 600usize, 96usize),
+        (1, 64, 300, 512),
+        (2, 8, 300, 160),
+        (1, 8, 520, 1000),
+        (1, 12, 1100, 64),
+    ];
+    for sm120 in [false, true] {
+        for &(q_len, heads, batch, longest) in &shapes {
+            let bs = [16usize, 32, 64, 128][rng.below(4)];
+            let lens: Vec<i32> = (0..batch)
+                .map(|_| rng.range(q_len, longest) as i32)
+                .collect();
+            let spec = DenseSpec {
+                q_len,
+                heads,
+                block_size: bs,
+                max_blocks_per_seq: longest.div_ceil(bs),
+                table_pad: rng.below(3),
+                block_pad: 8 * rng.below(3),
+                spare_blocks: rng.below(4),
+                junk_unused: true,
+                seq_lens: lens,
+                scale: rng.softmax_scale(),
+            };
+            let label = format!(
+                "dense_short_requests q_len {q_len} heads {heads} batch {batch} sm120 {sm120}"
+            );
+            check_dense::<bf16>(&label, &mut rng, &stream, &spec, plan_options(sm120));
+        }
+    }
+}
+
 /// Lengths 0, 1, 15, 16, 17, around every block size, not multiples of it, and the full
 /// table, with q_len 1 and 8 (so that some causal rows see nothing), both dtypes.
 #[test]

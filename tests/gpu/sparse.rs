@@ -262,6 +262,39 @@ fn sparse_split_within_requests_and_flat() {
     }
 }
 
+/// Log #85's sparse rules on the default plan, both occupancies: top-64 steps of 16 heads (one
+/// 4-warp CTA per SM, the 1-slice combine past 256 tokens), top-768 at 64 heads (16-row CTAs:
+/// the 32-row CTA needs 32 tiles per token with two CTAs per SM), and the row kernel over two
+/// waves (t=2 h=128 top-32), with and without topk_len.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sparse_short_rows() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("sparse_short_rows");
+    let style = RowStyle {
+        hole: 0.05,
+        bad: 0.0,
+    };
+    for sm120 in [false, true] {
+        for (tokens, heads, topk, with_len) in [
+            (600usize, 16usize, 64usize, false),
+            (300, 16, 64, true),
+            (100, 64, 768, true),
+            (2, 128, 32, false),
+            (2, 100, 20, true),
+        ] {
+            let bs = rng.pick(&mla_decode::BLOCK_SIZES);
+            let blocks = 4096 / bs + rng.below(8);
+            let label = format!(
+                "sparse_short_rows tokens {tokens} heads {heads} topk {topk} sm120 {sm120}"
+            );
+            let s =
+                random_sparse::<bf16>(&mut rng, tokens, heads, topk, blocks, bs, style, with_len);
+            check_problem(&label, &mut rng, &stream, &s, plan_options(sm120));
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Inputs the host cannot check
 
