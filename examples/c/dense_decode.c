@@ -82,7 +82,7 @@ int main(void) {
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
         mla_schedule_t s;
-        const mla_shape_t shape = {BATCH, 1, HEADS, MAX_BLOCKS * BLOCK, MLA_KV_BF16};
+        const mla_shape_t shape = {BATCH, 1, HEADS, MAX_BLOCKS * BLOCK, MLA_KV_BF16, MLA_KIND_DENSE};
         const mla_status_t st = mla_schedule_init(&s, &shape, NULL);
         printf("no CUDA device: mla_schedule_init -> status %d (%s)\n", (int)st, mla_last_error());
         return st == MLA_STATUS_NO_DEVICE || st == MLA_STATUS_NOT_BUILT ? 0 : 1;
@@ -104,7 +104,7 @@ int main(void) {
 
     /* once per shape: the schedule and its workspace */
     mla_schedule_t s;
-    const mla_shape_t shape = {BATCH, 1, HEADS, MAX_BLOCKS * BLOCK, MLA_KV_BF16};
+    const mla_shape_t shape = {BATCH, 1, HEADS, MAX_BLOCKS * BLOCK, MLA_KV_BF16, MLA_KIND_DENSE};
     MLA_OK(mla_schedule_init(&s, &shape, NULL));
     void *d_cache, *d_q, *d_out, *d_ws;
     int32_t *d_table, *d_lens;
