@@ -295,6 +295,8 @@ pub const DEFAULT_GRID: &[&str] = &[
     "dense:b=32,q=2,h=8,l=8192",  // GLM-5 at TP8 with one MTP token
     "dense:b=16,q=3,h=8,l=4096",  // two MTP tokens: 24 query rows, one 32-row CTA (log #84 (b))
     "dense:b=4,h=16,l=4096",      // a medium step: one 4-warp CTA per SM (log #84 (c))
+    "dense:b=1024,h=16,l=64",     // short requests: one 16-row CTA per SM (log #85 (b))
+    "dense:b=1024,h=64,l=256",    // 16-row CTAs, the 1-slice combine (log #85 (a), (e))
     "dense:b=64,h=8,l=4096,dtype=f16",
     "dense:b=64,h=8,l=4096,kv=fp8_ds_mla",
     "dense:b=128,h=8,l=8192,kv=fp8_ds_mla",
@@ -303,6 +305,7 @@ pub const DEFAULT_GRID: &[&str] = &[
     "dense:b=64,h=8,l=4096,kv=fp8",
     "sparse:t=1,h=8",
     "sparse:t=1,h=8,k=1",
+    "sparse:t=2,h=128,k=32", // the row kernel over two waves (log #85 (d))
     "sparse:t=32,h=8",
     "sparse:t=128,h=8",
     "sparse:t=64,h=8,klen=uniform:1-2048",
