@@ -158,8 +158,8 @@ typedef enum {
  * ROWS: the row kernel, a CTA per query row whose warps walk the request's cache rows on the
  * CUDA cores, no split and no combine: the default for one-part steps (batch *
  * ceil(max_len / 32) <= 2: the one-token call, top-1..64 sparse rows) of at most one query row
- * (batch * q_len * heads) per SM, two for sparse schedules; correct for any shape and lengths when forced, but each 32
- * positions of a request cost it a dependent round trip. */
+ * (batch * q_len * heads) per SM, two for sparse schedules; correct for any shape and lengths
+ * when forced, but each 32 positions of a request cost it a dependent round trip. */
 #define MLA_PATH_TILES 1
 #define MLA_PATH_ROWS 2
 
@@ -193,8 +193,8 @@ typedef struct {
                                 where the schedule allows it (below), else flat */
     int32_t path;            /* which kernel runs: MLA_PATH_TILES or MLA_PATH_ROWS. Default
                                 MLA_PATH_ROWS on one-part steps of at most one query row per SM
-                                (sparse: two; above), else MLA_PATH_TILES. ROWS takes at most 65,535
-                                requests (sparse: tokens) */
+                                (sparse: two; above), else MLA_PATH_TILES. ROWS takes at most
+                                65,535 requests (sparse: tokens) */
 } mla_tuning_t;
 
 /* ---- schedule: host-side launch decisions, made once per shape ------------------ */
