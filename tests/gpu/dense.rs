@@ -118,6 +118,40 @@ fn dense_random_shapes() {
     });
 }
 
+/// Runs each (q_len, heads, batch, longest) of `shapes` on the default plan in both occupancies
+/// (bf16, random block sizes and layouts) against the reference, every request's length drawn
+/// from `shortest(q_len, longest)..=longest`: the shapes a schedule rule must get right.
+fn check_default_plans(
+    name: &str,
+    shapes: &[(usize, usize, usize, usize)],
+    shortest: fn(usize, usize) -> usize,
+) {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for(name);
+    for sm120 in [false, true] {
+        for &(q_len, heads, batch, longest) in shapes {
+            let bs = [16usize, 32, 64, 128][rng.below(4)];
+            let lens: Vec<i32> = (0..batch)
+                .map(|_| rng.range(shortest(q_len, longest), longest) as i32)
+                .collect();
+            let spec = DenseSpec {
+                q_len,
+                heads,
+                block_size: bs,
+                max_blocks_per_seq: longest.div_ceil(bs),
+                table_pad: rng.below(3),
+                block_pad: 8 * rng.below(3),
+                spare_blocks: rng.below(4),
+                junk_unused: true,
+                seq_lens: lens,
+                scale: rng.softmax_scale(),
+            };
+            let label = format!("{name} q_len {q_len} heads {heads} batch {batch} sm120 {sm120}");
+            check_dense::<bf16>(&label, &mut rng, &stream, &spec, plan_options(sm120));
+        }
+    }
+}
+
 /// The schedule's boundaries of log #84 on the default plan, both occupancies: 17, 24 and 31
 /// query rows (heads, or q_len 3 x 8 heads) on steps long enough for the 32-row configuration
 /// with one CTA per SM (sm120 occupancy; 2,560 16-row tiles: long up to 213 SMs), and medium
@@ -127,8 +161,6 @@ fn dense_random_shapes() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn dense_schedule_boundaries() {
-    let (_ctx, stream) = gpu();
-    let mut rng = rng_for("dense_schedule_boundaries");
     // (q_len, heads, batch, longest)
     let shapes = [
         (1usize, 17usize, 10usize, 4096usize),
@@ -137,41 +169,18 @@ fn dense_schedule_boundaries() {
         (1, 16, 4, 4096),
         (1, 64, 1, 4096),
     ];
-    for sm120 in [false, true] {
-        for &(q_len, heads, batch, longest) in &shapes {
-            let bs = [16usize, 32, 64, 128][rng.below(4)];
-            let lens: Vec<i32> = (0..batch)
-                .map(|_| rng.range(longest - 300, longest) as i32)
-                .collect();
-            let spec = DenseSpec {
-                q_len,
-                heads,
-                block_size: bs,
-                max_blocks_per_seq: longest.div_ceil(bs),
-                table_pad: rng.below(3),
-                block_pad: 8 * rng.below(3),
-                spare_blocks: rng.below(4),
-                junk_unused: true,
-                seq_lens: lens,
-                scale: rng.softmax_scale(),
-            };
-            let label = format!(
-                "dense_schedule_boundaries q_len {q_len} heads {heads} batch {batch} sm120 {sm120}"
-            );
-            check_dense::<bf16>(&label, &mut rng, &stream, &spec, plan_options(sm120));
-        }
-    }
+    check_default_plans("dense_schedule_boundaries", &shapes, |_, longest| {
+        longest - 300
+    });
 }
 
 /// Log #85's schedule rules on the default plan, both occupancies: large batches of short
 /// requests, whose steps run 16-row CTAs at 64 heads (the 32-row CTA needs long requests), one
 /// 4-warp CTA per SM at 16 query rows (at most 5 tiles per request), and the 1- and 2-slice
-/// combines (a warp per merged row, batches over 256); lengths drawn from 1 to the longest.
+/// combines (a warp per merged row, batches over 256); lengths drawn from q_len to the longest.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn dense_short_requests() {
-    let (_ctx, stream) = gpu();
-    let mut rng = rng_for("dense_short_requests");
     // (q_len, heads, batch, longest)
     let shapes = [
         (1usize, 16usize, 600usize, 96usize),
@@ -180,30 +189,7 @@ fn dense_short_requests() {
         (1, 8, 520, 1000),
         (1, 12, 1100, 64),
     ];
-    for sm120 in [false, true] {
-        for &(q_len, heads, batch, longest) in &shapes {
-            let bs = [16usize, 32, 64, 128][rng.below(4)];
-            let lens: Vec<i32> = (0..batch)
-                .map(|_| rng.range(q_len, longest) as i32)
-                .collect();
-            let spec = DenseSpec {
-                q_len,
-                heads,
-                block_size: bs,
-                max_blocks_per_seq: longest.div_ceil(bs),
-                table_pad: rng.below(3),
-                block_pad: 8 * rng.below(3),
-                spare_blocks: rng.below(4),
-                junk_unused: true,
-                seq_lens: lens,
-                scale: rng.softmax_scale(),
-            };
-            let label = format!(
-                "dense_short_requests q_len {q_len} heads {heads} batch {batch} sm120 {sm120}"
-            );
-            check_dense::<bf16>(&label, &mut rng, &stream, &spec, plan_options(sm120));
-        }
-    }
+    check_default_plans("dense_short_requests", &shapes, |q_len, _| q_len);
 }
 
 /// Lengths 0, 1, 15, 16, 17, around every block size, not multiples of it, and the full
