@@ -83,7 +83,8 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     MLA_CHECK(tune.path != MLA_PATH_ROWS || batch <= kRowsMaxBatch,
               "tuning.path: MLA_PATH_ROWS takes at most %d requests, the shape has %d", kRowsMaxBatch, batch);
     // the split counts 32-row tiles of all requests (at max_len) in int32
-    const int64_t all_tiles = static_cast<int64_t>(batch) * ((static_cast<int64_t>(max_len) + Cfg::kBlockN - 1) / Cfg::kBlockN);
+    const int64_t req_tiles = Lens::tiles_of(max_len);  // per request, at max_len
+    const int64_t all_tiles = static_cast<int64_t>(batch) * req_tiles;
     MLA_CHECK(all_tiles <= 0x7fffffffLL, "shape: batch * ceil(max_len / 32) = %lld exceeds INT32_MAX",
               static_cast<long long>(all_tiles));
     const bool sm120_occupancy = tune.sm120_occupancy != 0;
@@ -130,7 +131,6 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     // CTA kept winning from 4 tiles per request on.
     const int m_rows = q_len * num_heads;
     const int64_t slots = static_cast<int64_t>(sm_count) * ctas;
-    const int64_t req_tiles = (static_cast<int64_t>(max_len) + Cfg::kBlockN - 1) / Cfg::kBlockN;
     const bool long_step =
         max_tiles >= (ctas == 1 ? 12 : 32) * slots && (ctas == 1 || req_tiles >= kWideReqTiles[sparse]);
     const bool wide = m_rows > 16 && tune.warps != 4 &&

@@ -561,8 +561,7 @@ inline int combine_slices(const mla_schedule_t* s) {
     const int64_t row_ctas = combine_row_ctas(s);
     if (16 * row_ctas <= s->sm_count) return 16;
     const bool warp_rows = combine_rows(s) > 1;
-    const int64_t req_tiles = (static_cast<int64_t>(s->max_len) + Cfg::kBlockN - 1) / Cfg::kBlockN;
-    const bool none_long = req_tiles <= static_cast<int64_t>(kLongPieces) * s->internal.min_chunk;
+    const bool none_long = Lens::tiles_of(s->max_len) <= static_cast<int64_t>(kLongPieces) * s->internal.min_chunk;
     if (warp_rows && 4 * row_ctas > 5 * s->sm_count) {
         if (2 * row_ctas <= 4 * s->sm_count) return 2;
         if (none_long) return 1;
