@@ -223,7 +223,9 @@ typedef struct {
 typedef struct {
     int32_t warps;          /* warps per decode CTA: 4 or 8 */
     int32_t block_m;        /* query rows per decode CTA: 8, 16 or 32 */
-    int32_t pdl;            /* MLA_PDL_* bits in effect (0: no PDL) */
+    int32_t pdl;            /* MLA_PDL_* bits in effect (0: no PDL), plus an internal bit (8)
+                               that the schedule adds to the last-tile trigger: parts of at
+                               most two tiles also trigger at their start (log #86) */
     int32_t min_chunk;      /* fewest 32-row tiles a split-KV part streams */
     int32_t combine_slices; /* combine CTAs per merged row's 512 dims: 1, 2, 4 or 16 (2 and,
                                by default, 1 only where the schedule merges a row per warp) */

@@ -42,7 +42,7 @@ struct DecodeArgs {
     float* ws_o;           // [2*parts, m_rows, 512] (decode/split.cuh, "the workspace")
     float* ws_lse;         // [2*parts, m_rows], log2 domain
     uint32_t* flag;
-    int32_t pdl;           // MLA_PDL_* bits (mla_schedule_internal_t::pdl)
+    int32_t pdl;           // MLA_PDL_* bits, and above kPdlStartShift the start trigger's threshold (decode.cu)
     int32_t combine_rows;  // query rows per combine CTA: 1 (8 warps per row) or 8 (a warp per row)
     // Divisions prepared on the host: by num_parts and num_heads; and without lengths (every
     // request has max_len rows: the closed form) the tiles per request, the total and the chunk.

@@ -98,7 +98,7 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
     MLA_CHECK((in.warps == 4 || in.warps == 8) &&
                   (in.block_m == 8 || in.block_m == 16 || (in.block_m == 32 && in.warps == 8)),
               "s.internal: warps %d, block_m %d is not a configuration", in.warps, in.block_m);
-    MLA_CHECK((in.pdl & ~MLA_PDL_ALL) == 0, "s.internal.pdl: %d", in.pdl);
+    MLA_CHECK((in.pdl & ~(MLA_PDL_ALL | kPdlTriggerShortParts)) == 0, "s.internal.pdl: %d", in.pdl);
     MLA_CHECK(in.split == MLA_SPLIT_FLAT || (in.split == MLA_SPLIT_WITHIN_REQUESTS && within_allowed(s)),
               "s.internal.split: %d", in.split);
     MLA_CHECK(in.path == MLA_PATH_TILES || (in.path == MLA_PATH_ROWS && s->batch <= kRowsMaxBatch), "s.internal.path: %d",
@@ -216,7 +216,13 @@ mla_status_t common_args(const mla_schedule_t* s, const P* p, int64_t tokens, De
     a.ws_o = p->workspace;
     a.ws_lse = p->workspace + ws_rows(s->num_parts, a.m_rows) * kLatentDim;
     a.flag = p->error_flag;
-    a.pdl = s->internal.pdl;
+    {
+        const int pdl = s->internal.pdl;
+        const int start = (pdl & MLA_PDL_TRIGGER_AT_START) ? kPdlStartAlways
+                          : (pdl & kPdlTriggerShortParts)  ? kPdlShortPartTiles
+                                                           : 0;
+        a.pdl = (pdl & MLA_PDL_ALL) | (start << kPdlStartShift);
+    }
     a.kv_scale = p->kv_scale;
     return MLA_STATUS_OK;
 }

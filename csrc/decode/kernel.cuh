@@ -17,6 +17,12 @@
 
 namespace mla {
 
+// Whether decode CTAs of row format Fmt and configuration C test the start trigger as a
+// threshold on their part's tiles (DecodeArgs::pdl above kPdlStartShift; log #86): the 16-bit
+// 8-row 4-warp kernels, which run the steps of 8 heads whose parts can all be short.
+template <typename Fmt, typename C>
+constexpr bool kStartThreshold = C::kHalfM && C::kWarps == 4 && !Fmt::kFp8;
+
 // ---- loading a tile and the Q rows -----------------------------------------------------------
 // Whether load_tile writes the valid flags as additive masks (the bits of 0.f, or of -inf where
 // the row is masked and zero-filled) for the softmax to add: the fp8 kernels with one softmax
@@ -1040,7 +1046,20 @@ __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<F
     MLA_TRACE_AT(kTraceDecode, kTracePartFound);
     if (pp.lo >= pp.total) return;
     const int lo = pp.lo, hi = pp.hi, first_req = pp.first_req, first_j = pp.first_j;
-    if (a.pdl & MLA_PDL_TRIGGER_AT_START) grid_dependents_launch();
+    // The start trigger. The 16-bit 8-row 4-warp kernels (kStartThreshold) compare the part's
+    // tiles with a threshold that decode.cu puts above kPdlStartShift in a.pdl: every part with
+    // MLA_PDL_TRIGGER_AT_START, parts of at most kPdlShortPartTiles tiles on steps that are not
+    // small (their last tile is at most one tile away), else none; where every part is that
+    // short (a flat split of mostly short requests at 8 heads: 512x15+8192) the combine's CTAs
+    // start a tile earlier (log #86). The compare costs what the bit test did: those kernels'
+    // SASS changes only there. The other kernels keep the bit test (their code moved with the
+    // compare, and no step of theirs measured faster with it). (The last-tile trigger below
+    // then repeats it: a CTA's later triggers are no-ops.)
+    if constexpr (kStartThreshold<Fmt, C>) {
+        if (hi - lo <= (a.pdl >> kPdlStartShift)) grid_dependents_launch();
+    } else {
+        if (a.pdl & MLA_PDL_TRIGGER_AT_START) grid_dependents_launch();
+    }
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, tq = lane & 3;

@@ -209,6 +209,13 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     // sequences, logs #9, #16).
     const int pdl = tune.pdl == 0 ? MLA_PDL_DEFAULT : (tune.pdl == MLA_PDL_OFF ? 0 : tune.pdl);
     in.pdl = major >= 9 ? pdl : 0;
+    // Steps that are not small (more than two tiles per SM at max_len) but whose lengths may leave
+    // every part short (a flat split of mostly short requests: 512x15+8192), with two or more
+    // decode CTAs per SM: a part of at most two tiles triggers at its start (the 16-bit 8-row
+    // kernels, decode/kernel.cuh kStartThreshold; log #86: 512x15+8192 graph 15.71 -> 14.80 us).
+    // Not on small steps (b=1-8, t=4: the early trigger cost direct launches 0.3-0.6 us) nor
+    // with one CTA per SM (sm_120, sm120 occupancy: 256x15+4096 13.25 -> 13.86 us there).
+    if (!small && ctas >= 2 && (in.pdl & MLA_PDL_TRIGGER_AT_LAST_TILE)) in.pdl |= kPdlTriggerShortParts;
     // Parts of one tile on small steps where every tile can have a CTA (above), else at least
     // kMinChunkTiles.
     in.min_chunk = tune.min_chunk != 0 ? tune.min_chunk : (one_tile_parts ? 1 : kMinChunkTiles);
