@@ -4,8 +4,8 @@
 // Self-contained; on the device: nvcc -O3 -arch=sm_90 scripts/mma-peak.cu -o /tmp/mp && /tmp/mp
 //
 // Each warp runs kChains independent accumulator chains of m16n8k16 MMAs (A and B fixed in
-// registers), so the tensor pipe, not a dependency, bounds it. With LDSM > 0 each group of
-// kChains MMAs is accompanied by LDSM ldmatrix.x4 loads from shared memory whose results feed
+// registers), so the tensor pipe, not a dependency, bounds it. With kLdsm > 0 each group of
+// kChains MMAs is accompanied by kLdsm ldmatrix.x4 loads from shared memory whose results feed
 // the next group's B operands (the decode tile's 32-row CTA: 68 MMAs and ~21 ldmatrix.x4 per
 // warp and tile, i.e. about one x4 per 3 MMAs).
 #include <cstdio>
