@@ -50,6 +50,22 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void ldsm2(uint32_t (&r)[2], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+// four e4m3 values (one register) to two f16x2
+__device__ __forceinline__ void e4m3x4_to_f16(uint32_t x, uint32_t& lo, uint32_t& hi) {
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+        : "=r"(lo), "=r"(hi)
+        : "r"(x));
+}
 __device__ __forceinline__ void ldsm4(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -99,7 +115,7 @@ __device__ __forceinline__ uint32_t tswz(int r, int c) {
     return ((c >> 3) << 12) + (r << 7) + (((c ^ r) & 7) << 4);
 }
 
-template <int kWarps, bool kTwoRound = false, bool kPipe = false>
+template <int kWarps, bool kTwoRound = false, bool kPipe = false, int kSB = kStageBytes>
 struct Cfg {
     static constexpr int kThreads = kWarps * 32;
     static constexpr int kSplitN = 2;                   // cache-row halves (16 rows: 2 n8)
@@ -113,20 +129,25 @@ struct Cfg {
     // after a barrier, the softmax sums 4 slots
     static constexpr int kSlots = kTwoRound ? kSplitK / 2 : kSplitK;
     static constexpr int kPartBytes = kSlots * 272 * 16;
-    static constexpr int kSmem = (kPipe ? 3 : 2) * kStageBytes + (kPipe ? 2 : 1) * kPartBytes + 32 * kPRowBytes + 32 * 4 + 32 + 1024;
+    static constexpr int kSmem = (kPipe ? 3 : 2) * kSB + (kPipe ? 2 : 1) * kPartBytes + 32 * kPRowBytes + 32 * 4 + 32 + 1024;
 };
 
 template <int kWarps, bool kTwoRound, bool kPipe, int kSkip, bool kTma>
 __global__ void __launch_bounds__(kWarps * 32, 1) tile_model(const uint8_t* __restrict__ kv, int tiles, int ring,
                                                               float* out, const __grid_constant__ CUtensorMap tmap) {
-    using C = Cfg<kWarps, kTwoRound, kPipe>;
+    // kSkip & 32: per-tensor fp8 rows (576 bytes, staged unswizzled in 592-byte rows, the lean
+    // loader), S and P V in f16 from ldmatrix'd e4m3 bytes converted in registers, as the
+    // kernel's fp8 path does
+    constexpr bool kFp8 = (kSkip & 32) != 0;
+    constexpr int kSB = kFp8 ? 32 * 592 : kStageBytes;
+    using C = Cfg<kWarps, kTwoRound, kPipe, kSB>;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     // (1,024-byte aligned stages for the tensor copy's swizzle; the request has 1 KB spare)
     uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
     uint8_t* stage_p = smem;
     constexpr int kStages = kPipe ? 3 : 2;
-    float* part = reinterpret_cast<float*>(smem + kStages * kStageBytes);
-    uint8_t* p_s = smem + kStages * kStageBytes + (kPipe ? 2 : 1) * C::kPartBytes;
+    float* part = reinterpret_cast<float*>(smem + kStages * kSB);
+    uint8_t* p_s = smem + kStages * kSB + (kPipe ? 2 : 1) * C::kPartBytes;
     float* alpha_s = reinterpret_cast<float*>(p_s + 32 * kPRowBytes);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -141,13 +162,14 @@ __global__ void __launch_bounds__(kWarps * 32, 1) tile_model(const uint8_t* __re
         for (int i = 0; i < 3; ++i) mbar_init(smem_u32(bars + i));
     }
     __syncthreads();
-    constexpr int kLean = (kRows * kChunks + C::kThreads - 1) / C::kThreads;
-    constexpr bool kLeanAll = kRows * kChunks % C::kThreads == 0;
+    constexpr int kRowChunks = kFp8 ? 36 : kChunks;
+    constexpr int kLean = (kRows * kRowChunks + C::kThreads - 1) / C::kThreads;
+    constexpr bool kLeanAll = kRows * kRowChunks % C::kThreads == 0;
     uint32_t lean_dst[kLean];
 #pragma unroll
     for (int k = 0; k < kLean; ++k) {
-        const int i = tid + k * C::kThreads, r = i / kChunks;
-        lean_dst[k] = swz(r, i - r * kChunks);
+        const int i = tid + k * C::kThreads, r = i / kRowChunks;
+        lean_dst[k] = kFp8 ? r * 592 + (i - r * kRowChunks) * 16 : swz(r, i - r * kChunks);
     }
     auto issue = [&](int x, int st) {
         if constexpr (kTma) {
@@ -161,12 +183,12 @@ __global__ void __launch_bounds__(kWarps * 32, 1) tile_model(const uint8_t* __re
             }
             return;
         }
-        const uint8_t* src = src_tile(x);
-        const uint32_t dst = smem_u32(stage_p + st * kStageBytes);
-        if constexpr (kSkip & 16) {  // lean: the tile is contiguous, the swizzled offsets precomputed
+        const uint8_t* src = kFp8 ? kv + static_cast<size_t>((blockIdx.x * 977 + x) % ring) * (32 * 576) : src_tile(x);
+        const uint32_t dst = smem_u32(stage_p + st * kSB);
+        if constexpr (kFp8 || (kSkip & 16)) {  // lean: the tile is contiguous, the swizzled offsets precomputed
 #pragma unroll
             for (int k = 0; k < kLean; ++k)
-                if (kLeanAll || tid + k * C::kThreads < kRows * kChunks)
+                if (kLeanAll || tid + k * C::kThreads < kRows * kRowChunks)
                     cp_async16(dst + lean_dst[k], src + (tid + k * C::kThreads) * 16);
             cp_commit();
             return;
@@ -213,6 +235,26 @@ __global__ void __launch_bounds__(kWarps * 32, 1) tile_model(const uint8_t* __re
 
     // ---- the phases ----
     auto s_mma = [&](uint32_t kvb, float (&s)[2][2][4]) {  // S partial: 2 m-tiles x this warp's 16 cache rows
+        if constexpr (kFp8) {
+            // per k16 step: one ldmatrix.x2 of 16 rows x 16 e4m3 bytes, two conversions per register
+            const int r = nh * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+            for (int i = 0; i < C::kMaxSteps; ++i) {
+                const int ks = k0 + i;
+                if (ks < k1) {
+                    uint32_t b[2], f[4];
+                    ldsm2(b, kvb + r * 592 + ks * 16);
+                    e4m3x4_to_f16(b[0], f[0], f[1]);
+                    e4m3x4_to_f16(b[1], f[2], f[3]);
+#pragma unroll
+                    for (int m = 0; m < 2; ++m) {
+                        mma_f16(s[m][0], qf[m][i], f[0], f[1]);
+                        mma_f16(s[m][1], qf[m][i], f[2], f[3]);
+                    }
+                }
+            }
+            return;
+        }
         const int r = nh * 16 + (lane >> 4) * 8 + (lane & 7);  // ldmatrix row (n)
         const int ch = (lane >> 3) & 1;                       // k half
 #pragma unroll
@@ -285,8 +327,13 @@ __global__ void __launch_bounds__(kWarps * 32, 1) tile_model(const uint8_t* __re
             moved |= mv;
             const int row = sm_ * 16 + sg + 8 * (kWarps == 8 ? rr : rsel);
             const int col = blk * 8 + 2 * stq;
-            const __nv_bfloat162 h = __floats2bfloat162_rn(p0, p1);
-            *reinterpret_cast<__nv_bfloat162*>(p_s + row * kPRowBytes + col * 2) = h;
+            if constexpr (kFp8) {
+                const __half2 h = __floats2half2_rn(p0, p1);
+                *reinterpret_cast<__half2*>(p_s + row * kPRowBytes + col * 2) = h;
+            } else {
+                const __nv_bfloat162 h = __floats2bfloat162_rn(p0, p1);
+                *reinterpret_cast<__nv_bfloat162*>(p_s + row * kPRowBytes + col * 2) = h;
+            }
             if (blk == 0 && stq == 0) alpha_s[row] = al;
         }
         return moved;
@@ -307,6 +354,22 @@ __global__ void __launch_bounds__(kWarps * 32, 1) tile_model(const uint8_t* __re
 #pragma unroll
             for (int m = 0; m < 2; ++m) ldsm4(pa[m], pb + (m * 16 + (lane & 15)) * kPRowBytes + (kk * 2 + (lane >> 4)) * 16);
             const int vr = kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+            if constexpr (kFp8) {
+                // per 32 dims: one ldmatrix.x4.trans of 16 rows x 32 e4m3 bytes (as b16), a byte
+                // permute and two conversions per register
+#pragma unroll
+                for (int n = 0; n < C::kONT; n += 4) {
+                    uint32_t vb[4], f[8];
+                    ldsm4t(vb, kvb + vr * 592 + (warp * C::kDims + n * 8) + (lane >> 4) * 16);
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) e4m3x4_to_f16(__byte_perm(vb[j], 0, 0x3120), f[2 * j], f[2 * j + 1]);
+#pragma unroll
+                    for (int m = 0; m < 2; ++m)
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) mma_f16(o[m][n + j], pa[m], f[2 * j], f[2 * j + 1]);
+                }
+                continue;
+            }
 #pragma unroll
             for (int n = 0; n < C::kONT; n += 2) {
                 uint32_t vb[4];
@@ -320,7 +383,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) tile_model(const uint8_t* __re
             }
         }
     };
-    auto kv_of = [&](int st) { return smem_u32(stage_p + st * kStageBytes); };
+    auto kv_of = [&](int st) { return smem_u32(stage_p + st * kSB); };
 
     float acc = 0.f;
     if constexpr (!kPipe) {
@@ -392,7 +455,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) tile_model(const uint8_t* __re
 
 template <int kWarps, bool kTwoRound = false, bool kPipe = false, int kSkip = 0, bool kTma = false>
 int run(int sms, const uint8_t* kv, int ring, int tiles, float* out, const CUtensorMap& tmap) {
-    using C = Cfg<kWarps, kTwoRound, kPipe>;
+    using C = Cfg<kWarps, kTwoRound, kPipe, (kSkip & 32) ? 32 * 592 : kStageBytes>;
     auto k = tile_model<kWarps, kTwoRound, kPipe, kSkip, kTma>;
     cudaFuncAttributes fa;
     CK(cudaFuncGetAttributes(&fa, k));
@@ -424,8 +487,8 @@ int run(int sms, const uint8_t* kv, int ring, int tiles, float* out, const CUten
     const float ms = 0.5f * (ms_all[3] + ms_all[4]);
     // FLOP per tile: 32 query rows x 32 cache rows x (576 + 512) x 2
     const double flop = 2.0 * 32 * 32 * (576 + 512) * double(tiles) * sms;
-    const double bytes = double(kStageBytes) * tiles * sms;
-    printf("%2d warps%s%s%s%s (%d regs, smem %d of %d B): %7.1f TFLOP/s, %6.0f GB/s (%.3f ms)\n", kWarps, kTwoRound ? ", 2-round sum" : "", kPipe ? ", pipelined (3 stages)" : "", kSkip == 1 ? ", no loads" : kSkip == 2 ? ", no S" : kSkip == 4 ? ", no softmax" : kSkip == 8 ? ", no P V" : kSkip == 5 ? ", no loads, no softmax" : kSkip == 16 ? ", lean cp.async" : "", kTma ? ", tensor copies" : "", fa.numRegs, C::kSmem,
+    const double bytes = double((kSkip & 32) ? 32 * 576 : kStageBytes) * tiles * sms;
+    printf("%2d warps%s%s%s%s (%d regs, smem %d of %d B): %7.1f TFLOP/s, %6.0f GB/s (%.3f ms)\n", kWarps, kTwoRound ? ", 2-round sum" : "", kPipe ? ", pipelined (3 stages)" : "", kSkip == 1 ? ", no loads" : kSkip == 2 ? ", no S" : kSkip == 4 ? ", no softmax" : kSkip == 8 ? ", no P V" : kSkip == 5 ? ", no loads, no softmax" : kSkip == 16 ? ", lean cp.async" : kSkip == 32 ? ", per-tensor fp8 rows" : "", kTma ? ", tensor copies" : "", fa.numRegs, C::kSmem,
            smem, flop / (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9, ms);
     return 0;
 }
@@ -481,6 +544,8 @@ int main() {
         if (run<8, false, false, 4, true>(sms, kv, ring, tiles, out, tmap)) return 1;
         if (run<8, false, false, 16>(sms, kv, ring, tiles, out, tmap)) return 1;
         if (run<8, false, true, 16>(sms, kv, ring, tiles, out, tmap)) return 1;
+        if (run<8, false, false, 32>(sms, kv, ring, tiles, out, tmap)) return 1;
+        if (run<8, false, true, 32>(sms, kv, ring, tiles, out, tmap)) return 1;
     }
     return 0;
 }
