@@ -241,7 +241,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) tile_model(const uint8_t* __re
 #pragma unroll
             for (int i = 0; i < C::kMaxSteps; ++i) {
                 const int ks = k0 + i;
-                if (ks < k1) {
+                if (i < kKSteps / C::kSplitK || ks < k1) {  // (the first steps unconditional: loads hoisted)
                     uint32_t b[2], f[4];
                     ldsm2(b, kvb + r * 592 + ks * 16);
                     e4m3x4_to_f16(b[0], f[0], f[1]);
@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) tile_model(const uint8_t* __re
 #pragma unroll
         for (int i = 0; i < C::kMaxSteps; ++i) {
             const int ks = k0 + i;
-            if (ks < k1) {
+            if (i < kKSteps / C::kSplitK || ks < k1) {  // (the first steps unconditional: loads hoisted)
                 uint32_t b[4];
                 ldsm4(b, kvb + (kTma ? tswz(r, ks * 2 + ch) : swz(r, ks * 2 + ch)));
 #pragma unroll
