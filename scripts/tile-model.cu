@@ -236,23 +236,38 @@ __global__ void __launch_bounds__(kWarps * 32, 1) tile_model(const uint8_t* __re
     // ---- the phases ----
     auto s_mma = [&](uint32_t kvb, float (&s)[2][2][4]) {  // S partial: 2 m-tiles x this warp's 16 cache rows
         if constexpr (kFp8) {
-            // per k16 step: one ldmatrix.x2 of 16 rows x 16 e4m3 bytes, two conversions per register
-            const int r = nh * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+            // as the kernel's fp8_k_pair: k16 steps in pairs, one ldmatrix.x4 of 16 rows x 32 e4m3
+            // bytes (an odd last pair reads the row's pad), two conversions per register, two
+            // accumulator parities
+            const int r = nh * 16 + (lane >> 4) * 8 + (lane & 7);
+            const int ch = (lane >> 3) & 1;
+            float acc[2][2][2][4] = {};
 #pragma unroll
-            for (int i = 0; i < C::kMaxSteps; ++i) {
+            for (int i = 0; i < C::kMaxSteps; i += 2) {
                 const int ks = k0 + i;
-                if (i < kKSteps / C::kSplitK || ks < k1) {  // (the first steps unconditional: loads hoisted)
-                    uint32_t b[2], f[4];
-                    ldsm2(b, kvb + r * 592 + ks * 16);
-                    e4m3x4_to_f16(b[0], f[0], f[1]);
-                    e4m3x4_to_f16(b[1], f[2], f[3]);
+                if (i < kKSteps / C::kSplitK || ks < k1) {
+                    uint32_t b[4], f[4][2];
+                    ldsm4(b, kvb + r * 592 + (ks + ch) * 16);
 #pragma unroll
-                    for (int m = 0; m < 2; ++m) {
-                        mma_f16(s[m][0], qf[m][i], f[0], f[1]);
-                        mma_f16(s[m][1], qf[m][i], f[2], f[3]);
+                    for (int j = 0; j < 4; ++j) e4m3x4_to_f16(b[j], f[j][0], f[j][1]);
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        if (i + h < C::kMaxSteps && (i + h < kKSteps / C::kSplitK || ks + h < k1)) {
+#pragma unroll
+                            for (int m = 0; m < 2; ++m) {
+                                mma_f16(acc[m][0][h], qf[m][i + h < C::kMaxSteps ? i + h : 0], f[h][0], f[h][1]);
+                                mma_f16(acc[m][1][h], qf[m][i + h < C::kMaxSteps ? i + h : 0], f[2 + h][0], f[2 + h][1]);
+                            }
+                        }
                     }
                 }
             }
+#pragma unroll
+            for (int m = 0; m < 2; ++m)
+#pragma unroll
+                for (int n = 0; n < 2; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[m][n][e] = acc[m][n][0][e] + acc[m][n][1][e];
             return;
         }
         const int r = nh * 16 + (lane >> 4) * 8 + (lane & 7);  // ldmatrix row (n)
