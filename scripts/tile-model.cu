@@ -14,7 +14,8 @@
 // buffer larger than L2. Variants: 8 warps (today's 32-row CTA: 2 x 4 split, 64 dims per warp)
 // and 16 warps (2 x 8 split, 32 dims per warp: four warps per scheduler, docs/wip/compute-path.md
 // "Session 18").
-// Self-contained; on the device: nvcc -O3 -arch=sm_90 -Xptxas -v scripts/tile-model.cu -o /tmp/tm && /tmp/tm
+// One file, with the kernel's instruction wrappers (csrc/common/ptx.cuh, fp8.cuh) included; from the
+// repository root on the device: nvcc -O3 -arch=sm_90 -Xptxas -v scripts/tile-model.cu -o /tmp/tm && /tmp/tm
 // Registers for sm_120: nvcc -O3 -arch=sm_120 -Xptxas -v -c scripts/tile-model.cu -o /dev/null
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -23,6 +24,9 @@
 
 #include <cstdint>
 #include <cstdio>
+
+#include "../csrc/common/fp8.cuh"
+#include "../csrc/common/ptx.cuh"
 
 #define CK(x)                                                                         \
     do {                                                                              \
@@ -40,52 +44,20 @@ constexpr int kStageBytes = kRows * kRowBytes;
 constexpr int kKSteps = 36;        // k16 steps over 576 dims
 constexpr int kPRowBytes = 80;     // P rows (32 bf16 = 64 B) padded: conflict-free ldmatrix
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+// mma.sync, ldmatrix, cp.async, the MUFU exp2 and the e4m3 conversions: the kernel's own wrappers
+using mla::cp_async_commit;
+using mla::cp_async_wait;
+using mla::e4m3x4_to_f16x2x2;
+using mla::fast_exp2;
+using mla::ldmatrix_x2;
+using mla::ldmatrix_x4;
+using mla::ldmatrix_x4_trans;
+using mla::smem_u32;
 __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    mla::mma16816<__nv_bfloat16>(d, a, b0, b1);
 }
 __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void ldsm2(uint32_t (&r)[2], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
-}
-// four e4m3 values (one register) to two f16x2
-__device__ __forceinline__ void e4m3x4_to_f16(uint32_t x, uint32_t& lo, uint32_t& hi) {
-    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
-        : "=r"(lo), "=r"(hi)
-        : "r"(x));
-}
-__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldsm4t(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_wait0() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
-__device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
+    mla::mma16816<__half>(d, a, b0, b1);
 }
 __device__ __forceinline__ void mbar_init(uint32_t bar) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar));
@@ -151,12 +123,12 @@ __global__ void __launch_bounds__(kWarps * 32, 1) tile_model(const uint8_t* __re
     float* alpha_s = reinterpret_cast<float*>(p_s + 32 * kPRowBytes);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = lane >> 2, tq = lane & 3;
+    const int g = lane >> 2;
     const int nh = warp % C::kSplitN, kp = warp / C::kSplitN;
     const int k0 = kp * kKSteps / C::kSplitK, k1 = (kp + 1) * kKSteps / C::kSplitK;
 
-    // this CTA's tiles in the ring buffer (each tile 36 KB, contiguous rows)
-    auto src_tile = [&](int x) { return kv + static_cast<size_t>((blockIdx.x * 977 + x) % ring) * kStageBytes; };
+    // this CTA's tile x in the ring buffer (tiles of contiguous rows: 36 KB, fp8 18 KB)
+    auto ring_tile = [&](int x) { return (blockIdx.x * 977 + x) % ring; };
     uint64_t* bars = reinterpret_cast<uint64_t*>(alpha_s + 32);  // one mbarrier per stage (kTma)
     if (kTma && tid == 0) {
         for (int i = 0; i < 3; ++i) mbar_init(smem_u32(bars + i));
@@ -177,27 +149,26 @@ __global__ void __launch_bounds__(kWarps * 32, 1) tile_model(const uint8_t* __re
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                 const uint32_t bar = smem_u32(bars + st), dst = smem_u32(stage_p + st * kStageBytes);
                 mbar_expect(bar, kStageBytes);
-                const int row0 = ((blockIdx.x * 977 + x) % ring) * kRows;
+                const int row0 = ring_tile(x) * kRows;
 #pragma unroll
                 for (int sl = 0; sl < 9; ++sl) tma_2d(dst + sl * 4096, &tmap, sl * 64, row0, bar);
             }
-            return;
-        }
-        const uint8_t* src = kFp8 ? kv + static_cast<size_t>((blockIdx.x * 977 + x) % ring) * (32 * 576) : src_tile(x);
-        const uint32_t dst = smem_u32(stage_p + st * kSB);
-        if constexpr (kFp8 || (kSkip & 16)) {  // lean: the tile is contiguous, the swizzled offsets precomputed
+        } else {
+            const uint8_t* src = kv + static_cast<size_t>(ring_tile(x)) * (kRows * kRowChunks * 16);
+            const uint32_t dst = smem_u32(stage_p + st * kSB);
+            if constexpr (kFp8 || (kSkip & 16)) {  // lean: the tile is contiguous, the swizzled offsets precomputed
 #pragma unroll
-            for (int k = 0; k < kLean; ++k)
-                if (kLeanAll || tid + k * C::kThreads < kRows * kRowChunks)
-                    cp_async16(dst + lean_dst[k], src + (tid + k * C::kThreads) * 16);
-            cp_commit();
-            return;
+                for (int k = 0; k < kLean; ++k)
+                    if (kLeanAll || tid + k * C::kThreads < kRows * kRowChunks)
+                        mla::cp_async_16(dst + lean_dst[k], src + (tid + k * C::kThreads) * 16, 16);
+            } else {
+                for (int i = tid; i < kRows * kChunks; i += C::kThreads) {
+                    const int r = i / kChunks, c = i - r * kChunks;
+                    mla::cp_async_16(dst + swz(r, c), src + r * kRowBytes + c * 16, 16);
+                }
+            }
+            cp_async_commit();
         }
-        for (int i = tid; i < kRows * kChunks; i += C::kThreads) {
-            const int r = i / kChunks, c = i - r * kChunks;
-            cp_async16(dst + swz(r, c), src + r * kRowBytes + c * 16);
-        }
-        cp_commit();
     };
 
     // Q fragments (synthetic, bf16 ~ +-0.1): two m-tiles, this warp's k steps
@@ -247,9 +218,9 @@ __global__ void __launch_bounds__(kWarps * 32, 1) tile_model(const uint8_t* __re
                 const int ks = k0 + i;
                 if (i < kKSteps / C::kSplitK || ks < k1) {
                     uint32_t b[4], f[4][2];
-                    ldsm4(b, kvb + r * 592 + (ks + ch) * 16);
+                    ldmatrix_x4(b, kvb + r * 592 + (ks + ch) * 16);
 #pragma unroll
-                    for (int j = 0; j < 4; ++j) e4m3x4_to_f16(b[j], f[j][0], f[j][1]);
+                    for (int j = 0; j < 4; ++j) e4m3x4_to_f16x2x2(b[j], f[j][0], f[j][1]);
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         if (i + h < C::kMaxSteps && (i + h < kKSteps / C::kSplitK || ks + h < k1)) {
@@ -268,20 +239,20 @@ __global__ void __launch_bounds__(kWarps * 32, 1) tile_model(const uint8_t* __re
                 for (int n = 0; n < 2; ++n)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) s[m][n][e] = acc[m][n][0][e] + acc[m][n][1][e];
-            return;
-        }
-        const int r = nh * 16 + (lane >> 4) * 8 + (lane & 7);  // ldmatrix row (n)
-        const int ch = (lane >> 3) & 1;                       // k half
+        } else {
+            const int r = nh * 16 + (lane >> 4) * 8 + (lane & 7);  // ldmatrix row (n)
+            const int ch = (lane >> 3) & 1;                       // k half
 #pragma unroll
-        for (int i = 0; i < C::kMaxSteps; ++i) {
-            const int ks = k0 + i;
-            if (i < kKSteps / C::kSplitK || ks < k1) {  // (the first steps unconditional: loads hoisted)
-                uint32_t b[4];
-                ldsm4(b, kvb + (kTma ? tswz(r, ks * 2 + ch) : swz(r, ks * 2 + ch)));
+            for (int i = 0; i < C::kMaxSteps; ++i) {
+                const int ks = k0 + i;
+                if (i < kKSteps / C::kSplitK || ks < k1) {  // (the first steps unconditional: loads hoisted)
+                    uint32_t b[4];
+                    ldmatrix_x4(b, kvb + (kTma ? tswz(r, ks * 2 + ch) : swz(r, ks * 2 + ch)));
 #pragma unroll
-                for (int m = 0; m < 2; ++m) {
-                    mma(s[m][0], qf[m][i], b[0], b[1]);
-                    mma(s[m][1], qf[m][i], b[2], b[3]);
+                    for (int m = 0; m < 2; ++m) {
+                        mma(s[m][0], qf[m][i], b[0], b[1]);
+                        mma(s[m][1], qf[m][i], b[2], b[3]);
+                    }
                 }
             }
         }
@@ -335,8 +306,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1) tile_model(const uint8_t* __re
             const float mo = m_run[rr];
             const float mn = mx > mo + 8.f ? mx : mo;  // lazy max
             const bool mv = mn != mo;
-            const float al = mv ? ex2(mo - mn) : 1.f;
-            const float p0 = ex2(x0 - mn), p1 = ex2(x1 - mn);
+            const float al = mv ? fast_exp2(mo - mn) : 1.f;
+            const float p0 = fast_exp2(x0 - mn), p1 = fast_exp2(x1 - mn);
             l_run[rr] = l_run[rr] * al + p0 + p1;
             m_run[rr] = mn;
             moved |= mv;
@@ -367,7 +338,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) tile_model(const uint8_t* __re
         for (int kk = 0; kk < 2; ++kk) {
             uint32_t pa[2][4];
 #pragma unroll
-            for (int m = 0; m < 2; ++m) ldsm4(pa[m], pb + (m * 16 + (lane & 15)) * kPRowBytes + (kk * 2 + (lane >> 4)) * 16);
+            for (int m = 0; m < 2; ++m) ldmatrix_x4(pa[m], pb + (m * 16 + (lane & 15)) * kPRowBytes + (kk * 2 + (lane >> 4)) * 16);
             const int vr = kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
             if constexpr (kFp8) {
                 // per 32 dims: one ldmatrix.x4.trans of 16 rows x 32 e4m3 bytes (as b16), a byte
@@ -375,25 +346,25 @@ __global__ void __launch_bounds__(kWarps * 32, 1) tile_model(const uint8_t* __re
 #pragma unroll
                 for (int n = 0; n < C::kONT; n += 4) {
                     uint32_t vb[4], f[8];
-                    ldsm4t(vb, kvb + vr * 592 + (warp * C::kDims + n * 8) + (lane >> 4) * 16);
+                    ldmatrix_x4_trans(vb, kvb + vr * 592 + (warp * C::kDims + n * 8) + (lane >> 4) * 16);
 #pragma unroll
-                    for (int j = 0; j < 4; ++j) e4m3x4_to_f16(__byte_perm(vb[j], 0, 0x3120), f[2 * j], f[2 * j + 1]);
+                    for (int j = 0; j < 4; ++j) e4m3x4_to_f16x2x2(__byte_perm(vb[j], 0, 0x3120), f[2 * j], f[2 * j + 1]);
 #pragma unroll
                     for (int m = 0; m < 2; ++m)
 #pragma unroll
                         for (int j = 0; j < 4; ++j) mma_f16(o[m][n + j], pa[m], f[2 * j], f[2 * j + 1]);
                 }
-                continue;
-            }
+            } else {
 #pragma unroll
-            for (int n = 0; n < C::kONT; n += 2) {
-                uint32_t vb[4];
-                const int vc = warp * (C::kDims / 8) + n + (lane >> 4);
-                ldsm4t(vb, kvb + (kTma ? tswz(vr, vc) : swz(vr, vc)));
+                for (int n = 0; n < C::kONT; n += 2) {
+                    uint32_t vb[4];
+                    const int vc = warp * (C::kDims / 8) + n + (lane >> 4);
+                    ldmatrix_x4_trans(vb, kvb + (kTma ? tswz(vr, vc) : swz(vr, vc)));
 #pragma unroll
-                for (int m = 0; m < 2; ++m) {
-                    mma(o[m][n], pa[m], vb[0], vb[1]);
-                    mma(o[m][n + 1], pa[m], vb[2], vb[3]);
+                    for (int m = 0; m < 2; ++m) {
+                        mma(o[m][n], pa[m], vb[0], vb[1]);
+                        mma(o[m][n + 1], pa[m], vb[2], vb[3]);
+                    }
                 }
             }
         }
@@ -410,7 +381,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) tile_model(const uint8_t* __re
             if constexpr (kTma) {
                 mbar_wait(smem_u32(bars + st), (x >> 1) & 1);
             } else {
-                cp_wait0();
+                cp_async_wait<0>();
             }
             __syncthreads();
             if (!(kSkip & 1) && x + 1 < tiles) issue(x + 1, st ^ 1);
@@ -435,7 +406,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) tile_model(const uint8_t* __re
         if constexpr (kTma) {
             mbar_wait(smem_u32(bars), 0);
         } else {
-            cp_wait1();
+            cp_async_wait<1>();
         }
         __syncthreads();
         {
@@ -447,7 +418,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) tile_model(const uint8_t* __re
             if constexpr (kTma) {
                 if (x + 1 < tiles) mbar_wait(smem_u32(bars + (x + 1) % 3), ((x + 1) / 3) & 1);
             } else {
-                cp_wait0();
+                cp_async_wait<0>();
             }
             __syncthreads();
             if (x + 2 < tiles) issue(x + 2, (x + 2) % 3);
