@@ -472,10 +472,21 @@ fn run_small<T: Half>(
     stream: &Arc<CudaStream>,
     s: &DenseSetup<T>,
 ) -> ([u32; 4], Vec<Fault>) {
+    run_small_with(label, rng, stream, s, plan_options(false))
+}
+
+/// [`run_small`] with the plan's options.
+fn run_small_with<T: Half>(
+    label: &str,
+    rng: &mut Rng,
+    stream: &Arc<CudaStream>,
+    s: &DenseSetup<T>,
+    options: PlanOptions,
+) -> ([u32; 4], Vec<Fault>) {
     let kind = QKind::random(rng);
     let q = HostQuery::<T>::random(rng, kind, s.tokens(), s.heads);
     let lse_kind = Strided::random_kind(rng);
-    let got = run_once(rng, stream, s, &q, Some(lse_kind), plan_options(false));
+    let got = run_once(rng, stream, s, &q, Some(lse_kind), options);
     let heads = all_heads(s.heads);
     let want = s.reference(&q, &heads);
     check_outputs(label, &got, &want, &heads);
@@ -512,6 +523,68 @@ fn sanitize_dense_small_split_within() {
         let mut options = plan_options(false);
         options.tuning.split = Some(mla_decode::ffi::MLA_SPLIT_WITHIN_REQUESTS);
         with_dtype!(dtype, T => check_dense::<T>("sanitize small within", &mut rng, &stream, &spec, options));
+    }
+}
+
+/// The 32-row configuration (`block_m = 32`, 8 warps, two m-tiles sharing every K/V fragment),
+/// forced on small dense steps: every block size (a tile inside one block, or across two
+/// 16-row blocks), padded block strides, 32-65 query rows (a partial second m-tile too), lengths
+/// at and around tile and block edges, both occupancies and split rules. The rows no request
+/// reads hold NaN (past each length in the requests' own blocks, and every spare block), so a
+/// masked row that is read instead of zero-filled shows; a bad entry inside a length
+/// (negative, past num_blocks, i32::MAX) is recorded and its rows skipped. (Session 24 wrote it
+/// for the tensor-copy loader of branch `wip/tma-dense-32`, PERFORMANCE.md log #88.)
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sanitize_dense_32_rows_nan_past_len() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("sanitize_dense_32_rows_nan_past_len");
+    // (q_len, heads, block size, table width in blocks, lengths)
+    let cases: Vec<(usize, usize, usize, usize, Vec<i32>)> = vec![
+        (1, 32, 64, 4, vec![1, 33, 200, 256]),
+        (1, 33, 16, 12, vec![190, 15, 16, 17]),
+        (2, 20, 32, 6, vec![64, 63, 0, 161]),
+        (1, 64, 128, 2, vec![129, 255, 31]),
+        (4, 16, 16, 9, vec![130, 96]),
+        (1, 48, 64, 5, vec![300]),
+    ];
+    for (i, (q_len, heads, bs, mbps, lens)) in cases.into_iter().enumerate() {
+        let spec = DenseSpec {
+            table_pad: i % 3,
+            block_pad: 8 * (i % 2),
+            ..nan_test_spec(&mut rng, (q_len, heads, bs, mbps), &lens, i % 2 == 0)
+        };
+        let dtype = [DType::Bf16, DType::F16][i % 2];
+        for (split, mut options) in split_rule_options(i % 3 == 1) {
+            options.tuning.block_m = Some(32);
+            let label =
+                format!("32 rows {split}: q_len {q_len} heads {heads} bs {bs} lens {lens:?}");
+            with_dtype!(dtype, T => {
+                let mut s = DenseSetup::<T>::build(&mut rng, &spec);
+                nan_past_lens(&mut s);
+                let (flag, faults) = run_small_with(&label, &mut rng, &stream, &s, options);
+                assert!(faults.is_empty(), "{label}");
+                check_flag(&label, flag, &faults);
+            });
+        }
+        // bad entries inside the lengths: recorded, their rows skipped
+        let mut options = plan_options(i % 2 == 1);
+        options.tuning.block_m = Some(32);
+        let mut s = DenseSetup::<bf16>::build(&mut rng, &spec);
+        nan_past_lens(&mut s);
+        let nb = s.cache.num_blocks as i32;
+        let bad = [-5, nb + 3, i32::MAX][i % 3];
+        let b = lens.iter().position(|&l| l as usize > bs).unwrap_or(0);
+        if lens[b] > 0 {
+            let col = (lens[b] as usize - 1) / bs;
+            s.table[b * s.table_stride + col] = bad;
+            let label = format!(
+                "32 rows, bad entry {bad} at ({b}, {col}): heads {heads} bs {bs} lens {lens:?}"
+            );
+            let (flag, faults) = run_small_with(&label, &mut rng, &stream, &s, options);
+            assert_eq!(faults.len(), 1, "{label}");
+            check_flag_is(&label, flag, fault_code::BAD_BLOCK_ID, b, bad as i64);
+        }
     }
 }
 
