@@ -221,8 +221,11 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     // launched before the slowest CTA reaches its last tile and its CTAs take the SMs the
     // decode tail frees, their length search done before the wait (log #90: dense b=64 h=64,
     // sparse t=64 h=64, t=128 h=32, t=128 h=64 top-512, b=64 h=64 l=1024 and per-tensor fp8
-    // sparse t=64 h=64 1.7-2.2 % faster; the other 32-row rows within -0.3...+0.75 %).
-    if (block_m == 32 && tune.pdl == 0 && (in.pdl & MLA_PDL_TRIGGER_AT_LAST_TILE)) in.pdl |= MLA_PDL_TRIGGER_AT_START;
+    // sparse t=64 h=64 1.7-2.2 % faster; the other 32-row rows within -0.3...+0.75 %). Not on
+    // small steps (per-tensor fp8 takes 32 rows on any step): there the early trigger cost the
+    // 8-row kernels 0.3-0.6 us (log #86), and no small 32-row step was measured with it.
+    if (block_m == 32 && !small && tune.pdl == 0 && (in.pdl & MLA_PDL_TRIGGER_AT_LAST_TILE))
+        in.pdl |= MLA_PDL_TRIGGER_AT_START;
     // Parts of one tile on small steps where every tile can have a CTA (above), else at least
     // kMinChunkTiles.
     in.min_chunk = tune.min_chunk != 0 ? tune.min_chunk : (one_tile_parts ? 1 : kMinChunkTiles);
