@@ -182,8 +182,9 @@ typedef struct {
                                 caches on long steps of long requests (docs/DESIGN.md); else 16 */
     int32_t pdl;             /* MLA_PDL_OFF, or an OR of the MLA_PDL_* bits. Default
                                 MLA_PDL_DEFAULT, plus MLA_PDL_TRIGGER_AT_START where the
-                                schedule picks 32 query rows per CTA on a step that is not
-                                small; no PDL before sm_90 whatever is asked */
+                                schedule picks 32 query rows per CTA, or 16 for more than 16
+                                query rows of a long sparse fp8_ds_mla step, on a step that is
+                                not small; no PDL before sm_90 whatever is asked */
     int32_t combine_slices;  /* 1, 4 or 16 combine CTAs per merged row's 512 dims. Default 16
                                 when 16 per split row still give at most one per SM (b=1, t=1
                                 at 8 rows); 2 or 1 on large batches of short requests

@@ -111,7 +111,8 @@ pub struct Tuning {
     /// Programmatic dependent launch: `0` off, else an OR of `ffi::MLA_PDL_ATTRIBUTE`,
     /// `ffi::MLA_PDL_TRIGGER_AT_START` and `ffi::MLA_PDL_TRIGGER_AT_LAST_TILE` (default
     /// `ffi::MLA_PDL_DEFAULT`, plus `ffi::MLA_PDL_TRIGGER_AT_START` where the schedule picks 32
-    /// query rows per CTA on a step that is not small; no effect before sm_90).
+    /// query rows per CTA, or 16 for more than 16 query rows of a long sparse fp8_ds_mla step,
+    /// on a step that is not small; no effect before sm_90).
     pub pdl: Option<u32>,
     /// Combine CTAs per merged row's 512 dims: 1, 4 or 16.
     pub combine_slices: Option<u32>,

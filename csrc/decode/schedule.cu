@@ -224,7 +224,14 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     // sparse t=64 h=64 1.7-2.2 % faster; the other 32-row rows within -0.3...+0.75 %). Not on
     // small steps (per-tensor fp8 takes 32 rows on any step): there the early trigger cost the
     // 8-row kernels 0.3-0.6 us (log #86), and no small 32-row step was measured with it.
-    if (block_m == 32 && !small && tune.pdl == 0 && (in.pdl & MLA_PDL_TRIGGER_AT_LAST_TILE))
+    // The same for fp8_ds_mla's long sparse steps of more than 16 query rows in 16-row CTAs (254
+    // registers on sm_90: two per SM leave no room for a combine CTA either; log #91: sparse t=64
+    // h=64 and t=128 h=32 2.2-2.6 % faster in both occupancies, t=128 h=128 and t=32 h=64 within
+    // +-0.3 %). Not its shorter sparse steps (t=16 h=24, t=8 h=64: 1-2.6 % slower), its dense
+    // steps (b=64 h=64, b=128 h=128, b=32 q=4 h=16: +0.1-0.3 %) nor its steps of 16 query rows
+    // (sparse t=128 h=16 +0.9 %, dense b=32 h=16 l=16384 +1.3 %).
+    const bool start_fp8 = fmt == MLA_KV_FP8_DS_MLA && sparse && block_m == 16 && m_rows > 16 && long_step;
+    if ((block_m == 32 || start_fp8) && !small && tune.pdl == 0 && (in.pdl & MLA_PDL_TRIGGER_AT_LAST_TILE))
         in.pdl |= MLA_PDL_TRIGGER_AT_START;
     // Parts of one tile on small steps where every tile can have a CTA (above), else at least
     // kMinChunkTiles.
