@@ -77,8 +77,10 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& args, cudaS
         }
         return launch_pdl(decode_kernel<Fmt, kSparse, C>, grid, C::kThreads, s->smem_bytes, st, in.pdl, a);
     }));
-    // One part: no request is split, whatever the lengths: nothing to merge.
-    if (s->num_parts > 1) MLA_CUDA_TRY((launch_pdl(combine, cgrid, kCombineWarps * 32, 0, st, in.pdl, a)));
+    // One part, or a split that the host knows lays every request inside one part
+    // (nothing_to_merge): no request is split, nothing to merge.
+    if (s->num_parts > 1 && !nothing_to_merge(a))
+        MLA_CUDA_TRY((launch_pdl(combine, cgrid, kCombineWarps * 32, 0, st, in.pdl, a)));
     return MLA_STATUS_OK;
 }
 

@@ -623,6 +623,18 @@ inline int closed_lens_parts(const DecodeArgs& a) {
     return n <= a.num_parts / a.batch ? n : 0;
 }
 
+// Whether the host knows, without the lengths, that no request of the call is split (so that
+// there is nothing to merge and the combine need not run; log #92): the closed form with
+// lengths at one part per request; the closed form within requests at one part per request;
+// the flat closed form when the chunk is a whole number of requests (every request t tiles,
+// every part boundary a multiple of t). Otherwise the lengths decide, on the device.
+inline bool nothing_to_merge(const DecodeArgs& a) {
+    if (a.closed_lens) return a.closed_n.d == 1;
+    if (a.lens != nullptr) return false;
+    if (a.split_within && a.closed_n.d > 0) return a.closed_n.d == 1;
+    return a.closed_chunk.d % a.closed_tiles.d == 0;
+}
+
 // The split's arguments from the schedule (combine_rows, split_within) and the kernels'
 // divisors, on the host (DecodeArgs::parts_div, heads_div, closed_*).
 inline void prepare_split(const mla_schedule_t* s, DecodeArgs& a) {
