@@ -665,12 +665,16 @@ inline void prepare_split(const mla_schedule_t* s, DecodeArgs& a) {
         // longer than the within rule's candidate, c is the flat chunk. The flat split then
         // lays every part inside one request (nothing to merge; log #77), with the flat kernels
         // as they are: their closed form takes the chunk from here.
+        // With fewer parts than requests (log #94), parts of k = ceil(batch / parts) whole
+        // requests each under the same bound: sparse t=256 h=32 top-1024 (132 parts of 63
+        // tiles, nearly every token split) 9 % faster in 128 parts of two tokens.
         const int t = a.closed_tiles.d, chunk = a.closed_chunk.d;
         const int n = a.num_parts / a.batch;
-        if (n >= 1 && n <= t && t % n == 0) {
-            const int c = t / n;
-            if (c != chunk && c >= a.min_chunk && c <= within_chunk(chunk)) a.closed_chunk = FastDiv::make(c);
-        }
+        int64_t c = 0;
+        if (n >= 1 && n <= t && t % n == 0) c = t / n;
+        if (n == 0) c = static_cast<int64_t>(ceil_div_pos(a.batch, a.num_parts)) * t;
+        if (c != 0 && c != chunk && c >= a.min_chunk && c <= within_chunk(chunk))
+            a.closed_chunk = FastDiv::make(static_cast<int>(c));
     }
 }
 

@@ -627,8 +627,9 @@ fn sanitize_sparse_small_split_within() {
 /// parts / batch equal parts divide every token and are at most a tile longer than the flat
 /// chunk, the flat split lays every part inside one token. On a 132-SM H200: 62 tokens of 17
 /// tiles at 64 heads (66 parts: chunk 16 -> 17) and 248 tokens at 16 heads (264 parts: 16 ->
-/// 17); elsewhere whatever partition the device gives. bf16 with the flat split forced, fp8_ds_mla
-/// (always flat), against the reference.
+/// 17); with fewer parts than tokens, parts of whole tokens (log #94): 256 tokens of 32 tiles at
+/// 32 heads (132 parts: 63 -> 64, two tokens each); elsewhere whatever partition the device
+/// gives. bf16 with the flat split forced, fp8_ds_mla (always flat), against the reference.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn sparse_closed_form_aligned_flat_chunk() {
@@ -638,8 +639,10 @@ fn sparse_closed_form_aligned_flat_chunk() {
         hole: 0.05,
         bad: 0.0,
     };
-    for (tokens, heads) in [(62usize, 64usize), (248, 16)] {
-        let s = random_sparse::<bf16>(&mut rng, tokens, heads, 17 * 32, 12, 64, style, false);
+    // (256 tokens of 32 tiles at 32 heads: fewer parts than tokens, two whole tokens per part
+    // on a 132-SM part, log #94)
+    for (tokens, heads, tiles) in [(62usize, 64usize, 17usize), (248, 16, 17), (256, 32, 32)] {
+        let s = random_sparse::<bf16>(&mut rng, tokens, heads, tiles * 32, 12, 64, style, false);
         let mut flat = plan_options(false);
         flat.tuning.split = Some(mla_decode::ffi::MLA_SPLIT_FLAT);
         let label = format!("aligned flat chunk t={tokens} h={heads}");
