@@ -628,10 +628,10 @@ inline int closed_lens_parts(const DecodeArgs& a) {
 // lengths at one part per request; the closed form within requests at one part per request;
 // the flat closed form when the chunk is a whole number of requests (every request t tiles,
 // every part boundary a multiple of t). Otherwise the lengths decide, on the device.
+// (closed_n.d > 0 only in the first two: prepare_split and the kSpec launch set it.)
 inline bool nothing_to_merge(const DecodeArgs& a) {
-    if (a.closed_lens) return a.closed_n.d == 1;
-    if (a.lens != nullptr) return false;
-    if (a.split_within && a.closed_n.d > 0) return a.closed_n.d == 1;
+    if (a.lens != nullptr && !a.closed_lens) return false;
+    if (a.closed_n.d > 0) return a.closed_n.d == 1;
     return a.closed_chunk.d % a.closed_tiles.d == 0;
 }
 
