@@ -71,9 +71,20 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& args, cudaS
                 a.closed_lens = 1;
                 a.closed_n = FastDiv::make(n);
                 a.closed_chunk = FastDiv::make(a.min_chunk);
+                a.aligned_div = FastDiv{0, 0, 0};  // (every part inside one request already)
                 return launch_pdl(decode_kernel<Fmt, kSparse, C, false, true>, grid, C::kThreads, s->smem_bytes, st,
                                   in.pdl, a);
             }
+        }
+        // The aligned chunk for equal lengths (prepare_split allowed it where equal lengths
+        // would move the chunk): its own instantiation; the combine (launched with this `a`)
+        // tests for it by a.aligned_div, so it is cleared where no such kernel exists.
+        if constexpr (kAlignedKernel<Fmt, C>) {
+            if (a.aligned_div.d > 0)
+                return launch_pdl(decode_kernel<Fmt, kSparse, C, false, false, true>, grid, C::kThreads, s->smem_bytes,
+                                  st, in.pdl, a);
+        } else {
+            a.aligned_div = FastDiv{0, 0, 0};
         }
         return launch_pdl(decode_kernel<Fmt, kSparse, C>, grid, C::kThreads, s->smem_bytes, st, in.pdl, a);
     }));
@@ -254,6 +265,11 @@ cudaError_t set_smem_attr(int bytes) {
         if constexpr (kSpecKernel<Fmt, C>) {
             if (e == cudaSuccess)
                 e = cudaFuncSetAttribute(decode_kernel<Fmt, kSparse, C, false, true>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+        }
+        if constexpr (kAlignedKernel<Fmt, C>) {
+            if (e == cudaSuccess)
+                e = cudaFuncSetAttribute(decode_kernel<Fmt, kSparse, C, false, false, true>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
         }
     });

@@ -998,8 +998,9 @@ constexpr int decode_min_ctas() {
 // instantiation so that the flat kernels' code stays as it was (log #75).
 // kSpec: the closed form with lengths (decode/split.cuh closed_lens_parts: every part's request and
 // tiles known before the lengths), the part's first tiles issued with its length's load; a
-// separate instantiation, as kWithin.
-template <typename Fmt, bool kSparse, typename Tile, bool kWithin = false, bool kSpec = false>
+// separate instantiation, as kWithin. kAligned: the flat split with lengths takes the aligned
+// chunk where they are all equal (decode/split.cuh flat_chunk); a separate instantiation too.
+template <typename Fmt, bool kSparse, typename Tile, bool kWithin = false, bool kSpec = false, bool kAligned = false>
 __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<Fmt, Tile>>())
     decode_kernel(const DecodeArgs a) {
     using C = KernelConfig<Fmt, Tile>;
@@ -1040,7 +1041,7 @@ __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<F
         pp.hi = pp.lo + min(size, tb - pp.first_j);
     } else {
         // This part's tiles [lo, hi) and its first request and tile, from the lengths.
-        pp = find_part<C::kThreads, kWithin>(a, lens, part, a.check_lens && blockIdx.x == 0 && blockIdx.y == 0,
+        pp = find_part<C::kThreads, kWithin, kAligned>(a, lens, part, a.check_lens && blockIdx.x == 0 && blockIdx.y == 0,
                                              sm.scratch());
     }
     MLA_TRACE_AT(kTraceDecode, kTracePartFound);

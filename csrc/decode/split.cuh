@@ -90,6 +90,55 @@ __device__ __forceinline__ int within_pair(bool valid, int t, int chunk) {
     return valid ? ceil_div_pos(t, chunk) | (ceil_div_pos(t, within_chunk(chunk)) << 16) : 0;
 }
 
+// ---- equal lengths: the aligned chunk -------------------------------------------------
+// Where every request has the same t tiles (total = batch * t), the flat chunk becomes
+// c = t / n for n = parts / batch >= 1 dividing t (n parts inside every request: log #77), or
+// k * t for k = ceil(batch / parts) when parts < batch (parts of k whole requests: log #94),
+// when c is at least min_chunk and at most `hi`: no request is then cut off-grid (fewer
+// pieces, often none). Written as c = mul * (total / div) with div = batch * n, mul = 1 (the
+// division exact only when n divides t), or div = batch, mul = k. One rule for the host's
+// closed form (no lengths: prepare_split, hi = the within rule's candidate) and for the
+// kernels' flat split with lengths that turn out equal (flat_chunk, hi = one tile more at
+// most; sparse topk_len of long contexts, dense batches of one length), on which every
+// decode and combine CTA must agree.
+struct AlignedForm {
+    int div, mul;
+};
+inline AlignedForm aligned_form(int batch, int parts) {
+    const int n = parts / batch;
+    return n >= 1 ? AlignedForm{batch * n, 1} : AlignedForm{batch, ceil_div_pos(batch, parts)};
+}
+// The chunk for the aligned form's quotient q = total / div (chunk: split_chunk's).
+__host__ __device__ __forceinline__ int aligned_chunk(int chunk, int total, int q, int div, int mul, int min_chunk,
+                                                      int hi) {
+    if (q * div != total) return chunk;
+    const int64_t c = static_cast<int64_t>(q) * mul;
+    return c >= min_chunk && c <= hi ? static_cast<int>(c) : chunk;
+}
+// The kernels' bound: one tile more than the flat chunk where the within rule allows that
+// much (chunk >= 16; not its chunk / 40 from 80 tiles: fp8_ds_mla dense b=128 l=8192 at two
+// CTAs per SM (125 -> 128) and sparse t=1024 top-512 at 132 parts (125 -> 128) measured 1.5-2 %
+// slower aligned, log #95).
+__host__ __device__ __forceinline__ int aligned_hi(int chunk) {
+    const int w = within_chunk(chunk);
+    return w < chunk + 1 ? w : chunk + 1;
+}
+// Whether the kernels test for equal lengths (the host's filter): where requests of the call's
+// max_tiles tiles each (dense seq_lens = the table's capacity, sparse topk_len = topk: the
+// common equal case) would move the flat chunk of batch requests in parts parts by the aligned
+// rule. Measured (log #95): one part per request (n = 1) and parts of k = 2-4 whole requests
+// gain 1.4-9.7 %; n = 2 (dense b=64 h=8 at 132 parts, 63 -> 64) and k = 8 (sparse t=2048
+// top-256 at 264 parts) lost 1.3 %, and the aligned kernel where the chunk did not move
+// 0-0.7 % (its code differs from the flat kernel's), so the filter takes n = 1 and k <= 4 at
+// max_tiles only. (parts: a FastDiv of num_parts.)
+inline bool aligned_may_move(int batch, const FastDiv& parts, int max_tiles, int min_chunk, const AlignedForm& f) {
+    const int n = parts.d / batch;
+    if (n > 1 || (n == 0 && f.mul > 4)) return false;
+    const int total = batch * max_tiles;  // (<= INT32_MAX: mla_schedule_init and set_max_len check it)
+    const int chunk = split_chunk(total, parts, min_chunk);
+    return aligned_chunk(chunk, total, total / f.div, f.div, f.mul, min_chunk, aligned_hi(chunk)) != chunk;
+}
+
 // First tile of `part` (int64: part * chunk may pass INT_MAX), or total if it has none.
 __device__ __forceinline__ int part_lo(int part, int chunk, int total) {
     const int64_t lo = static_cast<int64_t>(part) * chunk;
@@ -137,35 +186,65 @@ __device__ __forceinline__ int warp_inclusive_sum(int v) {
 }
 
 // Inclusive sum over the CTA's kThreads threads (every thread calls it); scratch holds
-// kThreads / 32 ints. Returns the inclusive prefix; *total gets the CTA's sum.
+// kThreads / 32 ints (2 * kThreads / 32 with max). Returns the inclusive prefix; *total gets
+// the CTA's sum, and *max (where given) the CTA's largest m (>= 0), from the same barrier.
 template <int kThreads>
-__device__ __forceinline__ int block_inclusive_sum(int v, int* scratch, int* total) {
+__device__ __forceinline__ int block_inclusive_sum(int v, int* scratch, int* total, int m = 0, int* max = nullptr) {
     constexpr int kW = kThreads / 32;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     v = warp_inclusive_sum(v);
-    if (lane == 31) scratch[warp] = v;
+    if (max) m = __reduce_max_sync(0xffffffffu, m);
+    if (lane == 31) {
+        scratch[warp] = v;
+        if (max) scratch[kW + warp] = m;
+    }
     __syncthreads();
-    int before = 0, sum = 0;
+    int before = 0, sum = 0, mx = 0;
 #pragma unroll
     for (int w = 0; w < kW; ++w) {
         const int t = scratch[w];
         before += w < warp ? t : 0;
         sum += t;
+        if (max) mx = ::max(mx, scratch[kW + w]);
     }
     __syncthreads();  // scratch is reused by the next call
     *total = sum;
+    if (max) *max = mx;
     return v + before;
 }
 
+// The flat split's chunk with lengths (total: the step's tiles; equal: every request has
+// total / batch tiles): split_chunk, or the aligned chunk where the lengths are equal and the
+// host allowed it (a.aligned_div.d > 0: the flat split, not within requests).
+__device__ __forceinline__ int flat_chunk(const DecodeArgs& a, int total, bool equal) {
+    const int chunk = split_chunk(total, a.parts_div, a.min_chunk);
+    if (!equal || a.aligned_div.d == 0) return chunk;
+    return aligned_chunk(chunk, total, a.aligned_div.div(total), a.aligned_div.d, a.aligned_mul, a.min_chunk,
+                         aligned_hi(chunk));
+}
+// Whether every request has the same tiles, from the most tiles of any request (tmax) and the
+// total: then batch * tmax == total (batch * tmax <= INT32_MAX: mla_schedule_init checks
+// batch * tiles_of(max_len)). (From values every thread has after the same barrier, so that
+// the compiler keeps the part's bounds, and the loops over them, warp-uniform.)
+__device__ __forceinline__ bool all_equal(int tmax, int batch, int total) { return tmax * batch == total; }
+
 // Total tiles of all requests (every thread calls it; coalesced loads of the lengths).
-// With record, a negative or too-large length records a fault.
-template <int kThreads>
-__device__ __forceinline__ int total_tiles(const DecodeArgs& a, const Lens& lens, bool record, int* scratch) {
+// With record, a negative or too-large length records a fault; *equal gets whether every
+// request has the same tiles (kEqual; else false).
+template <int kThreads, bool kEqual = true>
+__device__ __forceinline__ int total_tiles(const DecodeArgs& a, const Lens& lens, bool record, int* scratch,
+                                           bool* equal) {
+    *equal = kEqual;
     if (lens.p == nullptr) return a.batch * Lens::tiles_of(lens.max_len);
-    int sum = 0;
-    for (int b = threadIdx.x; b < a.batch; b += kThreads) sum += lens.tiles_checked(b, record, a.check_lens, a.flag);
+    int sum = 0, tmax = 0;
+    for (int b = threadIdx.x; b < a.batch; b += kThreads) {
+        const int t = lens.tiles_checked(b, record, a.check_lens, a.flag);
+        sum += t;
+        tmax = max(tmax, t);
+    }
     int total;
-    block_inclusive_sum<kThreads>(sum, scratch, &total);
+    block_inclusive_sum<kThreads>(sum, scratch, &total, tmax, kEqual ? &tmax : nullptr);
+    *equal = kEqual && all_equal(tmax, a.batch, total);
     return total;
 }
 
@@ -209,7 +288,9 @@ struct PartScratch {
 
 // kWithin: the kernel of a schedule whose parts lie within requests where they fit
 // (a.split_within; the other kernels do not carry that code).
-template <int kThreads, bool kWithin = false>
+// kAligned: the kernel of a flat split that takes the aligned chunk for equal lengths
+// (a.aligned_div.d > 0; flat_chunk).
+template <int kThreads, bool kWithin = false, bool kAligned = false>
 __device__ __forceinline__ PartPos find_part(const DecodeArgs& a, const Lens& lens, int part, bool record,
                                              int* scratch) {
     PartPos p;
@@ -235,7 +316,8 @@ __device__ __forceinline__ PartPos find_part(const DecodeArgs& a, const Lens& le
     } else if (a.batch <= kThreads) {
         const int b = threadIdx.x;
         const int t = b < a.batch ? lens.tiles_checked(b, record, a.check_lens, a.flag) : 0;
-        const int incl = block_inclusive_sum<kThreads>(t, scratch, &p.total);
+        int tmax = 0;
+        const int incl = block_inclusive_sum<kThreads>(t, scratch, &p.total, t, kAligned ? &tmax : nullptr);
         chunk = split_chunk(p.total, a.parts_div, a.min_chunk);
         if (kWithin) {
             const int pair = within_pair(b < a.batch, t, chunk);
@@ -264,6 +346,7 @@ __device__ __forceinline__ PartPos find_part(const DecodeArgs& a, const Lens& le
                 return p;
             }
         }
+        if (kAligned) chunk = flat_chunk(a, p.total, all_equal(tmax, a.batch, p.total));
         p.lo = part_lo(part, chunk, p.total);
         if (b < a.batch && incl - t <= p.lo && p.lo < incl) {
             scratch[PartScratch::kFirstReq] = b;
@@ -274,8 +357,9 @@ __device__ __forceinline__ PartPos find_part(const DecodeArgs& a, const Lens& le
         p.first_j = scratch[PartScratch::kFirstTile];
         __syncthreads();  // the caller reuses scratch
     } else {
-        p.total = total_tiles<kThreads>(a, lens, record, scratch);
-        chunk = split_chunk(p.total, a.parts_div, a.min_chunk);
+        bool equal;
+        p.total = total_tiles<kThreads, kAligned>(a, lens, record, scratch, &equal);
+        chunk = kAligned ? flat_chunk(a, p.total, equal) : split_chunk(p.total, a.parts_div, a.min_chunk);
         p.lo = part_lo(part, chunk, p.total);
         p.first_req = p.first_j = 0;
         if (p.lo < p.total) {
@@ -428,7 +512,9 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
             const int t = valid ? lens.tiles(b) : 0;
             const int incl = warp_inclusive_sum(t);
             const int total = __shfl_sync(0xffffffffu, incl, 31);
-            const int chunk = lens.p == nullptr ? a.closed_chunk.d : split_chunk(total, a.parts_div, a.min_chunk);
+            // (the aligned chunk only on the flat split: within_pair takes split_chunk)
+            const int tmax = __reduce_max_sync(0xffffffffu, t);
+            const int chunk = lens.p == nullptr ? a.closed_chunk.d : flat_chunk(a, total, all_equal(tmax, a.batch, total));
             const int start = incl - t;
             int first, last, tail;
             bounds(b, start, t, chunk, first, last, tail);
@@ -460,9 +546,9 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
         const int b = threadIdx.x;
         const bool valid = b < a.batch;
         const int t = valid ? lens.tiles(b) : 0;
-        int total;
-        const int incl = block_inclusive_sum<kThreads>(t, scratch, &total);
-        const int chunk = lens.p == nullptr ? a.closed_chunk.d : split_chunk(total, a.parts_div, a.min_chunk);
+        int total, tmax;
+        const int incl = block_inclusive_sum<kThreads>(t, scratch, &total, t, &tmax);
+        const int chunk = lens.p == nullptr ? a.closed_chunk.d : flat_chunk(a, total, all_equal(tmax, a.batch, total));
         int first, last, tail;
         bounds(b, incl - t, t, chunk, first, last, tail);
         if (a.split_within && lens.p != nullptr) {  // scratch is free again after the scan
@@ -473,8 +559,9 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
         }
         return done(__syncthreads_or(check(valid, b, first, last, tail, count)));
     }
-    const int chunk = lens.p == nullptr ? a.closed_chunk.d
-                                        : split_chunk(total_tiles<kThreads>(a, lens, false, scratch), a.parts_div, a.min_chunk);
+    bool equal;
+    const int total = total_tiles<kThreads>(a, lens, false, scratch, &equal);
+    const int chunk = lens.p == nullptr ? a.closed_chunk.d : flat_chunk(a, total, equal);
     if constexpr (kLong) {  // every request: the long ones may come after the k-th split
         bool any = false;
         scan_requests<kThreads>(a, lens, scratch, [&](bool valid, int b, int start, int t) {
@@ -650,6 +737,15 @@ inline void prepare_split(const mla_schedule_t* s, DecodeArgs& a) {
     // whose batch * n parts fit (the kernels' rule with equal lengths), else flat (d = 0).
     a.closed_n = FastDiv{0, 0, 0};
     a.closed_lens = 0;  // (the launch sets it, with closed_n and closed_chunk, where it takes the kSpec kernel)
+    // The aligned chunk (flat split): for the closed form below, and with lengths for the kernels
+    // where equal lengths may move the chunk (aligned_div.d = 0: they do not test for them).
+    const AlignedForm form = aligned_form(a.batch, a.num_parts);
+    a.aligned_div = FastDiv{0, 0, 0};
+    a.aligned_mul = 0;
+    if (!a.split_within && a.lens != nullptr && aligned_may_move(a.batch, a.parts_div, a.closed_tiles.d, a.min_chunk, form)) {
+        a.aligned_div = FastDiv::make(form.div);
+        a.aligned_mul = form.mul;
+    }
     if (a.split_within) {
         const int t = a.closed_tiles.d, chunk = a.closed_chunk.d;
         for (const int c : {chunk, within_chunk(chunk)}) {
@@ -668,13 +764,10 @@ inline void prepare_split(const mla_schedule_t* s, DecodeArgs& a) {
         // With fewer parts than requests (log #94), parts of k = ceil(batch / parts) whole
         // requests each under the same bound: sparse t=256 h=32 top-1024 (132 parts of 63
         // tiles, nearly every token split) 9 % faster in 128 parts of two tokens.
-        const int t = a.closed_tiles.d, chunk = a.closed_chunk.d;
-        const int n = a.num_parts / a.batch;
-        int64_t c = 0;
-        if (n >= 1 && n <= t && t % n == 0) c = t / n;
-        if (n == 0) c = static_cast<int64_t>(ceil_div_pos(a.batch, a.num_parts)) * t;
-        if (c != 0 && c != chunk && c >= a.min_chunk && c <= within_chunk(chunk))
-            a.closed_chunk = FastDiv::make(static_cast<int>(c));
+        // (aligned_chunk, as the kernels apply it to equal lengths)
+        const int total = a.closed_total, chunk = a.closed_chunk.d;
+        const int c = aligned_chunk(chunk, total, total / form.div, form.div, form.mul, a.min_chunk, within_chunk(chunk));
+        if (c != chunk) a.closed_chunk = FastDiv::make(c);
     }
 }
 

@@ -240,8 +240,9 @@ fn dense_edge_seq_lens() {
     }
 }
 
-/// Batches past one CTA's worth of requests (129..=700: the split is then found by a pass
-/// for the total and a walk over the requests, in decode and in the combine), short
+/// Batches past one CTA's worth of requests (129..=4,100: decode CTAs then find their part
+/// from chunks of 32 requests per warp up to 32 chunks per warp, beyond that (4,100 at 4
+/// warps) by a pass for the total and a walk over the requests; the combine walks), short
 /// lengths with edges and empty requests, both dtypes.
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -252,6 +253,7 @@ fn dense_large_batches() {
         (129usize, DType::Bf16),
         (257, DType::F16),
         (700, DType::Bf16),
+        (4100, DType::F16),
     ] {
         let bs = 16;
         let mbps = 12usize;
@@ -443,6 +445,63 @@ fn dense_split_within_requests_and_flat() {
             let label = format!("split {split}: batch {batch} heads {heads} q_len {q_len} bs {bs} max {max} equal {equal}");
             with_dtype!(dtype, T => check_dense::<T>(&label, &mut rng, &stream, &spec, options));
         }
+    }
+}
+
+/// Equal lengths on the flat split: where every request has the same tiles the kernels find
+/// the closed form's aligned chunk on the device (decode/split.cuh `flat_chunk`; log #95). On a
+/// 132-SM H200: 31 requests of 34 tiles at 64 heads (62 of 66 parts: two parts per request,
+/// which the host's filter leaves flat), 256 of 32 tiles at 32 heads (132 parts: 63 -> 64, two requests
+/// each: the decode CTAs' walk over more than 128 requests), 520 of 34 tiles at 8 heads (264
+/// parts: 67 -> 68, two requests each; the combine's walk over more than 256 requests);
+/// every length anywhere in the last tile (the masks follow each request's own length), with
+/// the flat split forced in 16-bit and in fp8_ds_mla (always flat), against the reference.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dense_equal_lengths_aligned_chunk() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("dense_equal_lengths_aligned_chunk");
+    for (i, (batch, heads, q_len, tiles)) in [
+        (31usize, 64usize, 1usize, 34usize),
+        (256, 32, 1, 32),
+        (520, 8, 1, 34),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let bs = rng.pick(&[16usize, 32, 64, 128]);
+        let last = (tiles - 1) * 32;
+        let seq_lens: Vec<i32> = (0..batch)
+            .map(|_| if rng.chance(0.5) { tiles * 32 } else { last + rng.range(1, 32) } as i32)
+            .collect();
+        let spec = DenseSpec {
+            q_len,
+            heads,
+            block_size: bs,
+            max_blocks_per_seq: (tiles * 32).div_ceil(bs),
+            table_pad: rng.below(3),
+            block_pad: 8 * rng.below(2),
+            spare_blocks: 2,
+            junk_unused: true,
+            seq_lens,
+            scale: rng.softmax_scale(),
+        };
+        let label = format!(
+            "equal lengths: batch {batch} heads {heads} q_len {q_len} tiles {tiles} bs {bs}"
+        );
+        let mut flat = plan_options(false);
+        flat.tuning.split = Some(mla_decode::ffi::MLA_SPLIT_FLAT);
+        let dtype = [DType::Bf16, DType::F16][i % 2];
+        with_dtype!(dtype, T => check_dense::<T>(&label, &mut rng, &stream, &spec, flat));
+        let s = DenseSetup::<bf16>::build(&mut rng, &spec);
+        let f = Fp8::dense(&mut rng, s, FP8_KINDS[0], 1.0);
+        check_problem(
+            &format!("{label} fp8"),
+            &mut rng,
+            &stream,
+            &f,
+            plan_options(false),
+        );
     }
 }
 
@@ -676,6 +735,29 @@ fn sanitize_dense_bad_seq_lens() {
             }
         }
     }
+}
+
+/// Bad seq_lens among more requests than a decode CTA has threads (300: the chunked search of
+/// the part records them): the flag holds one of the reference's faults, the outputs match.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sanitize_dense_bad_seq_lens_large_batch() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("sanitize_dense_bad_seq_lens_large_batch");
+    let cap = 5 * 16;
+    let lens: Vec<i32> = (0..300)
+        .map(|_| match rng.below(40) {
+            0 => -(rng.range(1, 9) as i32),
+            1 => cap + rng.range(1, 100) as i32,
+            _ => rng.range(0, cap as usize) as i32,
+        })
+        .collect();
+    let label = "large batch bad seq_lens";
+    let spec = small_spec(lens, &mut rng);
+    let s = DenseSetup::<f16>::build(&mut rng, &spec);
+    let (flag, faults) = run_small(label, &mut rng, &stream, &s);
+    assert!(!faults.is_empty(), "{label}: the draw has no bad length");
+    check_flag(label, flag, &faults);
 }
 
 /// The flag through `check`: clean run Ok; a bad block id gives `DeviceFault`; a second,

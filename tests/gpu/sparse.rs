@@ -630,6 +630,10 @@ fn sanitize_sparse_small_split_within() {
 /// 17); with fewer parts than tokens, parts of whole tokens (log #94): 256 tokens of 32 tiles at
 /// 32 heads (132 parts: 63 -> 64, two tokens each); elsewhere whatever partition the device
 /// gives. bf16 with the flat split forced, fp8_ds_mla (always flat), against the reference.
+/// The same with topk_len whose every row has the same tiles (the kernels find the aligned
+/// chunk on the device: `flat_chunk`): all `topk`, or each anywhere in the last tile (the
+/// masks still follow each row's own length); 31 tokens of 17 tiles at 128 heads (31 of 33
+/// parts: 16 -> 17) takes the combine's one-warp search.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn sparse_closed_form_aligned_flat_chunk() {
@@ -641,11 +645,30 @@ fn sparse_closed_form_aligned_flat_chunk() {
     };
     // (256 tokens of 32 tiles at 32 heads: fewer parts than tokens, two whole tokens per part
     // on a 132-SM part, log #94)
-    for (tokens, heads, tiles) in [(62usize, 64usize, 17usize), (248, 16, 17), (256, 32, 32)] {
-        let s = random_sparse::<bf16>(&mut rng, tokens, heads, tiles * 32, 12, 64, style, false);
+    let cases = [
+        (62usize, 64usize, 17usize),
+        (248, 16, 17),
+        (256, 32, 32),
+        (31, 128, 17),
+    ];
+    // (topk_len: None; all topk; each in the last tile)
+    for ((tokens, heads, tiles), lens) in cases.into_iter().flat_map(|c| [(c, 0), (c, 1), (c, 2)]) {
+        if lens == 0 && tokens == 31 {
+            continue;
+        }
+        let mut s =
+            random_sparse::<bf16>(&mut rng, tokens, heads, tiles * 32, 12, 64, style, false);
+        if lens > 0 {
+            let last = (tiles - 1) * 32;
+            s.topk_len = Some(
+                (0..tokens)
+                    .map(|_| if lens == 1 { s.topk } else { last + rng.range(1, 32) } as i32)
+                    .collect(),
+            );
+        }
         let mut flat = plan_options(false);
         flat.tuning.split = Some(mla_decode::ffi::MLA_SPLIT_FLAT);
-        let label = format!("aligned flat chunk t={tokens} h={heads}");
+        let label = format!("aligned flat chunk t={tokens} h={heads} lens {lens}");
         check_problem(&label, &mut rng, &stream, &s, flat);
         let f = Fp8::sparse(&mut rng, s, FP8_KINDS[0], 1.0);
         check_problem(
