@@ -65,9 +65,10 @@ struct DecodeArgs {
     int32_t closed_lens;
     // The flat split with lengths whose every request has the same tiles t (found on the
     // device; decode/split.cuh, flat_chunk): the chunk becomes aligned_mul * (total /
-    // aligned_div.d) where total divides evenly (t / n for n = parts / batch >= 1 equal parts
-    // per request, or ceil(batch / parts) whole requests per part), under the closed form's
-    // bound (prepare_split). aligned_div.d = 0: no such chunk (within requests, the kSpec form).
+    // aligned_div.d) where total divides evenly (t / n for n = parts / batch = 1 part per
+    // request, or ceil(batch / parts) whole requests per part), at most a tile above the flat
+    // chunk. aligned_div.d = 0: no such chunk (prepare_split's filter aligned_may_move; within
+    // requests; the kSpec form).
     FastDiv aligned_div;
     int32_t aligned_mul;
 };

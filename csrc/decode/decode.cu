@@ -76,15 +76,12 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& args, cudaS
                                   in.pdl, a);
             }
         }
-        // The aligned chunk for equal lengths (prepare_split allowed it where equal lengths
-        // would move the chunk): its own instantiation; the combine (launched with this `a`)
-        // tests for it by a.aligned_div, so it is cleared where no such kernel exists.
+        // The aligned chunk for equal lengths, its own instantiation (prepare_split sets
+        // a.aligned_div only where the configuration has one, aligned_may_move)
         if constexpr (kAlignedKernel<Fmt, C>) {
             if (a.aligned_div.d > 0)
                 return launch_pdl(decode_kernel<Fmt, kSparse, C, false, false, true>, grid, C::kThreads, s->smem_bytes,
                                   st, in.pdl, a);
-        } else {
-            a.aligned_div = FastDiv{0, 0, 0};
         }
         return launch_pdl(decode_kernel<Fmt, kSparse, C>, grid, C::kThreads, s->smem_bytes, st, in.pdl, a);
     }));

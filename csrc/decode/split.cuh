@@ -123,21 +123,6 @@ __host__ __device__ __forceinline__ int aligned_hi(int chunk) {
     const int w = within_chunk(chunk);
     return w < chunk + 1 ? w : chunk + 1;
 }
-// Whether the kernels test for equal lengths (the host's filter): where requests of the call's
-// max_tiles tiles each (dense seq_lens = the table's capacity, sparse topk_len = topk: the
-// common equal case) would move the flat chunk of batch requests in parts parts by the aligned
-// rule. Measured (log #95): one part per request (n = 1) and parts of k = 2-4 whole requests
-// gain 1.4-9.7 %; n = 2 (dense b=64 h=8 at 132 parts, 63 -> 64) and k = 8 (sparse t=2048
-// top-256 at 264 parts) lost 1.3 %, and the aligned kernel where the chunk did not move
-// 0-0.7 % (its code differs from the flat kernel's), so the filter takes n = 1 and k <= 4 at
-// max_tiles only. (parts: a FastDiv of num_parts.)
-inline bool aligned_may_move(int batch, const FastDiv& parts, int max_tiles, int min_chunk, const AlignedForm& f) {
-    const int n = parts.d / batch;
-    if (n > 1 || (n == 0 && f.mul > 4)) return false;
-    const int total = batch * max_tiles;  // (<= INT32_MAX: mla_schedule_init and set_max_len check it)
-    const int chunk = split_chunk(total, parts, min_chunk);
-    return aligned_chunk(chunk, total, total / f.div, f.div, f.mul, min_chunk, aligned_hi(chunk)) != chunk;
-}
 
 // First tile of `part` (int64: part * chunk may pass INT_MAX), or total if it has none.
 __device__ __forceinline__ int part_lo(int part, int chunk, int total) {
@@ -695,6 +680,26 @@ inline bool within_allowed(const mla_schedule_t* s) {
     return kernel && s->batch <= kWithinMaxBatch && s->batch <= s->num_parts && s->num_parts + s->batch < kWithinMaxParts;
 }
 
+// Whether the kernels test for equal lengths (the host's filter, from prepare_split's closed
+// form before its own aligned chunk: closed_total, closed_chunk): where requests of the call's
+// max_len each (dense seq_lens = the table's capacity, sparse topk_len = topk: the common equal
+// case) would move the flat chunk by the aligned rule, and the configuration has a kAligned
+// kernel. Measured (log #95): one part per request (n = 1) and parts of k = 2-4 whole requests
+// gain 1.4-9.7 %; n = 2 (dense b=64 h=8 at 132 parts, 63 -> 64) and k = 8 (sparse t=2048
+// top-256 at 264 parts) lost 1.3 %, and the aligned kernel where the chunk did not move
+// 0-0.7 % (its code differs from the flat kernel's), so the filter takes n = 1 (f.div ==
+// batch) and k <= 4 at max_len only.
+inline bool aligned_may_move(const mla_schedule_t* s, const DecodeArgs& a, const AlignedForm& f) {
+    if (f.div > a.batch || f.mul > 4) return false;  // n >= 2, or k > 4
+    const bool kernel = with_row_format(s->kv_format, [&](auto fmt) {
+        return with_config(s->internal.warps, s->internal.block_m,
+                           [](auto c) { return kAlignedKernel<decltype(fmt), decltype(c)>; });
+    });
+    const int total = a.closed_total, chunk = a.closed_chunk.d;
+    return kernel &&
+           aligned_chunk(chunk, total, total / f.div, f.div, f.mul, a.min_chunk, aligned_hi(chunk)) != chunk;
+}
+
 // ---- the closed form with lengths (small steps; the decode kernel's kSpec form) ------------
 // A call with lengths (dense seq_lens, sparse topk_len) on the flat split whose every request,
 // at the call's max_len, fits n = ceil(tiles_of(max_len) / min_chunk) parts, with batch * n <=
@@ -742,7 +747,7 @@ inline void prepare_split(const mla_schedule_t* s, DecodeArgs& a) {
     const AlignedForm form = aligned_form(a.batch, a.num_parts);
     a.aligned_div = FastDiv{0, 0, 0};
     a.aligned_mul = 0;
-    if (!a.split_within && a.lens != nullptr && aligned_may_move(a.batch, a.parts_div, a.closed_tiles.d, a.min_chunk, form)) {
+    if (!a.split_within && a.lens != nullptr && aligned_may_move(s, a, form)) {
         a.aligned_div = FastDiv::make(form.div);
         a.aligned_mul = form.mul;
     }

@@ -428,23 +428,36 @@ fn dense_split_within_requests_and_flat() {
                 (false, _) => rng.range(1, max + 1) as i32,
             })
             .collect();
-        let spec = DenseSpec {
-            q_len,
-            heads,
-            block_size: bs,
-            max_blocks_per_seq: max.div_ceil(bs),
-            table_pad: rng.below(3),
-            block_pad: 8 * rng.below(2),
-            spare_blocks: 2,
-            junk_unused: true,
-            seq_lens,
-            scale: rng.softmax_scale(),
-        };
+        let spec = split_spec(&mut rng, q_len, heads, bs, max, seq_lens);
         let dtype = [DType::Bf16, DType::F16][i % 2];
         for (split, options) in split_rule_options(i % 3 == 2) {
             let label = format!("split {split}: batch {batch} heads {heads} q_len {q_len} bs {bs} max {max} equal {equal}");
             with_dtype!(dtype, T => check_dense::<T>(&label, &mut rng, &stream, &spec, options));
         }
+    }
+}
+
+/// The layout of the split tests: `seq_lens` in a table of `max` positions per request, random
+/// table and block padding.
+fn split_spec(
+    rng: &mut Rng,
+    q_len: usize,
+    heads: usize,
+    bs: usize,
+    max: usize,
+    seq_lens: Vec<i32>,
+) -> DenseSpec {
+    DenseSpec {
+        q_len,
+        heads,
+        block_size: bs,
+        max_blocks_per_seq: max.div_ceil(bs),
+        table_pad: rng.below(3),
+        block_pad: 8 * rng.below(2),
+        spare_blocks: 2,
+        junk_unused: true,
+        seq_lens,
+        scale: rng.softmax_scale(),
     }
 }
 
@@ -474,18 +487,7 @@ fn dense_equal_lengths_aligned_chunk() {
         let seq_lens: Vec<i32> = (0..batch)
             .map(|_| if rng.chance(0.5) { tiles * 32 } else { last + rng.range(1, 32) } as i32)
             .collect();
-        let spec = DenseSpec {
-            q_len,
-            heads,
-            block_size: bs,
-            max_blocks_per_seq: (tiles * 32).div_ceil(bs),
-            table_pad: rng.below(3),
-            block_pad: 8 * rng.below(2),
-            spare_blocks: 2,
-            junk_unused: true,
-            seq_lens,
-            scale: rng.softmax_scale(),
-        };
+        let spec = split_spec(&mut rng, q_len, heads, bs, tiles * 32, seq_lens);
         let label = format!(
             "equal lengths: batch {batch} heads {heads} q_len {q_len} tiles {tiles} bs {bs}"
         );
