@@ -190,10 +190,11 @@ constexpr bool kWithinKernel = !C::kHalfM && !Fmt::kFp8;
 template <typename Fmt, typename C>
 constexpr bool kSpecKernel = C::kMTiles == 1 && (C::kWarps == 8 || !Fmt::kFp8);
 
-// Whether the decode kernel of row format Fmt and configuration C is also instantiated with
-// the flat split's aligned chunk for equal lengths (kAligned: decode/split.cuh flat_chunk; the
-// host picks it where aligned_may_move): the 4-warp and the 32-row configurations, which run
-// the steps of many requests or many tiles. A separate instantiation, as kWithin: the test
+// Whether the decode kernel of row format Fmt and configuration C is also instantiated for the
+// flat split with lengths (kAligned: the aligned chunk for equal lengths, decode/split.cuh
+// flat_chunk, and the one-round-trip part search past kThreads requests, WarpRows; the host
+// picks it where flat_lens_kernel): the 4-warp and the 32-row configurations, which run the
+// steps of many requests or many tiles. A separate instantiation, as kWithin: the test
 // moved the other kernels' code, and the streaming rows lost 0.5-2.5 % with it inline (log #95).
 template <typename Fmt, typename C>
 constexpr bool kAlignedKernel = C::kWarps == 4 || C::kMTiles == 2;

@@ -76,10 +76,11 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& args, cudaS
                                   in.pdl, a);
             }
         }
-        // The aligned chunk for equal lengths, its own instantiation (prepare_split sets
-        // a.aligned_div only where the configuration has one, aligned_may_move)
+        // The flat split with lengths' own instantiation: the aligned chunk for equal lengths
+        // (prepare_split sets a.aligned_div only where the configuration has one,
+        // aligned_may_move) and the one-round-trip search of large batches (flat_lens_kernel)
         if constexpr (kAlignedKernel<Fmt, C>) {
-            if (a.aligned_div.d > 0)
+            if (flat_lens_kernel<C>(a))
                 return launch_pdl(decode_kernel<Fmt, kSparse, C, false, false, true>, grid, C::kThreads, s->smem_bytes,
                                   st, in.pdl, a);
         }

@@ -999,7 +999,8 @@ constexpr int decode_min_ctas() {
 // kSpec: the closed form with lengths (decode/split.cuh closed_lens_parts: every part's request and
 // tiles known before the lengths), the part's first tiles issued with its length's load; a
 // separate instantiation, as kWithin. kAligned: the flat split with lengths takes the aligned
-// chunk where they are all equal (decode/split.cuh flat_chunk); a separate instantiation too.
+// chunk where they are all equal (decode/split.cuh flat_chunk) and, past kThreads requests,
+// finds its part in one round trip (WarpRows); a separate instantiation too.
 template <typename Fmt, bool kSparse, typename Tile, bool kWithin = false, bool kSpec = false, bool kAligned = false>
 __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<Fmt, Tile>>())
     decode_kernel(const DecodeArgs a) {

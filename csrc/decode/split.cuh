@@ -253,6 +253,96 @@ __device__ __forceinline__ bool scan_requests(const DecodeArgs& a, const Lens& l
     return false;
 }
 
+// Many requests (kThreads < batch <= kRowsRequests): with R = ceil(batch / kThreads) rows per
+// warp, warp w takes the requests [32 R w, 32 R (w + 1)) in rows of 32 (row j: request
+// 32 R w + 32 j + lane), all loaded at once, coalesced (one round trip, where the walk above
+// takes a dependent round trip and two barriers per kThreads requests: 16 passes for sparse
+// t=2048 in a 128-thread CTA), so that one barrier gives every warp its first tile; the warp
+// that holds a given tile then walks its rows from L1 (a warp reduction per row, a warp scan in
+// the row that holds it). Past kRowsRequests the walk stays. The decode kernels run it in their
+// kAligned form only (flat_lens_kernel: inline, log #95 (c)'s similar search moved the
+// streaming kernels' code); the combine where it has a CTA per part boundary (find_split;
+// log #96). (Measured slower: a run of consecutive requests per thread, whose loads touched 32
+// lines each, and a fixed 32 R = 1,024 requests per warp, which left one warp to do all of
+// t=512.)
+constexpr int kRowsRequests = 4096;
+template <int kThreads>
+struct WarpRows {
+    static constexpr int kW = kThreads / 32;
+    static constexpr int kRows = kRowsRequests / kThreads;  // 32 rows per warp at 128 threads, 16 at 256
+    int rows;   // rows per warp: ceil(batch / kThreads) <= kRows (the same in every warp)
+    int first;  // the warp's first request
+    int start;  // its first tile in the step
+    int sum;    // its tiles
+    __device__ __forceinline__ int req(int j) const { return first + 32 * j + (threadIdx.x & 31); }
+    // Tiles of this lane's request in row j (0 past the batch).
+    __device__ __forceinline__ int tile(const DecodeArgs& a, const Lens& lens, int j) const {
+        return req(j) < a.batch ? lens.tiles(req(j)) : 0;
+    }
+    // Loads every row, then (one barrier pair over scratch[0, 2 kW)) the warp's first tile;
+    // *total gets the step's tiles and *max the most tiles of one request. Every thread calls it.
+    __device__ __forceinline__ void scan(const DecodeArgs& a, const Lens& lens, int* scratch, int* total, int* max) {
+        const int warp = threadIdx.x >> 5;
+        rows = static_cast<int>((static_cast<uint32_t>(a.batch) + kThreads - 1) / kThreads);
+        first = warp * rows * 32;
+        int s = 0, m = 0;
+#pragma unroll 8
+        for (int j = 0; j < kRows; ++j) {
+            if (j >= rows) break;  // (uniform)
+            const int t = tile(a, lens, j);
+            s += t;
+            m = ::max(m, t);
+        }
+        sum = __reduce_add_sync(0xffffffffu, s);
+        m = __reduce_max_sync(0xffffffffu, m);
+        if ((threadIdx.x & 31) == 0) {
+            scratch[warp] = sum;
+            scratch[kW + warp] = m;
+        }
+        __syncthreads();
+        int before = 0, all = 0, mx = 0;
+#pragma unroll
+        for (int w = 0; w < kW; ++w) {
+            const int v = scratch[w];
+            before += w < warp ? v : 0;
+            all += v;
+            mx = ::max(mx, scratch[kW + w]);
+        }
+        __syncthreads();  // scratch is reused by the caller
+        start = before;
+        *total = all;
+        *max = mx;
+    }
+    // Tile lo (start <= lo < the step's total): the warp that holds it walks its rows (L1) and
+    // the lane of its request writes out[0] = the request, out[1] = lo's tile in it, out[2] =
+    // the request's tiles. Every thread calls it (after scan); out is read after a barrier.
+    __device__ __forceinline__ void find(const DecodeArgs& a, const Lens& lens, int lo, int* out) const {
+        if (start <= lo && lo < start + sum) {  // uniform
+            int s = start;  // the first tile of row j
+#pragma unroll 4
+            for (int j = 0; j < kRows; ++j) {
+                if (j >= rows) break;  // (uniform; lo is in one of them)
+                const int t = tile(a, lens, j);
+                const int row = __reduce_add_sync(0xffffffffu, t);
+                if (s <= lo && lo < s + row) {  // uniform
+                    const int st = s + warp_inclusive_sum(t) - t;
+                    if (st <= lo && lo < st + t) {
+                        out[0] = req(j);
+                        out[1] = lo - st;
+                        out[2] = t;
+                    }
+                    break;
+                }
+                s += row;
+            }
+        }
+    }
+};
+// With record, a negative or too-large length records a fault (coalesced; one CTA does it).
+__device__ __forceinline__ void record_lens(const DecodeArgs& a, const Lens& lens, int threads) {
+    for (int b = threadIdx.x; b < a.batch; b += threads) Lens::record_bad(b, lens.p[b], lens.max_len, a.check_lens, a.flag);
+}
+
 // Where this CTA's part starts: its tiles [lo, hi) of the split, and the request and tile
 // of lo (every thread calls it; valid only when lo < total). One request per thread and a
 // single block scan when batch <= kThreads (the common case), else a pass for the total and
@@ -273,8 +363,9 @@ struct PartScratch {
 
 // kWithin: the kernel of a schedule whose parts lie within requests where they fit
 // (a.split_within; the other kernels do not carry that code).
-// kAligned: the kernel of a flat split that takes the aligned chunk for equal lengths
-// (a.aligned_div.d > 0; flat_chunk).
+// kAligned: the flat split's kernel for lengths: it takes the aligned chunk for equal lengths
+// (a.aligned_div.d > 0; flat_chunk), and past kThreads requests it finds its part from rows
+// of 32 requests per warp (WarpRows) instead of the walk (flat_lens_kernel).
 template <int kThreads, bool kWithin = false, bool kAligned = false>
 __device__ __forceinline__ PartPos find_part(const DecodeArgs& a, const Lens& lens, int part, bool record,
                                              int* scratch) {
@@ -340,6 +431,18 @@ __device__ __forceinline__ PartPos find_part(const DecodeArgs& a, const Lens& le
         __syncthreads();
         p.first_req = scratch[PartScratch::kFirstReq];
         p.first_j = scratch[PartScratch::kFirstTile];
+        __syncthreads();  // the caller reuses scratch
+    } else if (kAligned && a.batch <= kRowsRequests) {  // (the flat kernels keep the walk: log #96)
+        if (record) record_lens(a, lens, kThreads);
+        WarpRows<kThreads> w;
+        int tmax;
+        w.scan(a, lens, scratch, &p.total, &tmax);
+        chunk = flat_chunk(a, p.total, all_equal(tmax, a.batch, p.total));
+        p.lo = part_lo(part, chunk, p.total);
+        if (p.lo < p.total) w.find(a, lens, p.lo, scratch + PartScratch::kFirstReq);
+        __syncthreads();
+        p.first_req = p.lo < p.total ? scratch[PartScratch::kFirstReq] : 0;
+        p.first_j = p.lo < p.total ? scratch[PartScratch::kFirstTile] : 0;
         __syncthreads();  // the caller reuses scratch
     } else {
         bool equal;
@@ -544,6 +647,33 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
         }
         return done(__syncthreads_or(check(valid, b, first, last, tail, count)));
     }
+    // Many requests, at least as many as parts (the grid then has a CTA per part boundary,
+    // max_splits), without a long list: CTA k takes boundary k + 1 (tile (k + 1) * chunk) and
+    // merges the request that holds it when the boundary is the first one inside it; the
+    // other CTAs have nothing. The request is found as decode finds its part (WarpRows: one
+    // round trip, one barrier, one warp's walk over L1), where counting the split requests
+    // before the k-th in every CTA (the walk below, or its WarpRows form, measured 2.5x slower)
+    // cost the 1-slice combine (one 177-register CTA per SM, four waves on t=2048) up to 27 us
+    // when nothing at all was split (log #96).
+    if (!kLong && a.batch >= a.num_parts && a.batch <= kRowsRequests && !a.closed_lens &&
+        !(lens.p == nullptr && a.closed_n.d > 0)) {
+        WarpRows<kThreads> w;
+        int total, tmax;
+        w.scan(a, lens, scratch, &total, &tmax);
+        const int chunk =
+            lens.p == nullptr ? a.closed_chunk.d : flat_chunk(a, total, all_equal(tmax, a.batch, total));
+        const int64_t lo = static_cast<int64_t>(k + 1) * chunk;
+        if (lo >= total) return false;  // (uniform: from the scan's total)
+        w.find(a, lens, static_cast<int>(lo), scratch);
+        __syncthreads();
+        const int b = scratch[0], j = scratch[1], t = scratch[2];
+        int first, last, tail;
+        bounds(b, static_cast<int>(lo) - j, t, chunk, first, last, tail);
+        const bool mine = j > 0 && first == k;  // inside b, and b starts in part k (its first boundary)
+        if (mine && threadIdx.x == 0) record(b, first, last, tail);
+        __syncthreads();  // found (and scratch) read by the caller
+        return mine;
+    }
     bool equal;
     const int total = total_tiles<kThreads>(a, lens, false, scratch, &equal);
     const int chunk = lens.p == nullptr ? a.closed_chunk.d : flat_chunk(a, total, equal);
@@ -698,6 +828,14 @@ inline bool aligned_may_move(const mla_schedule_t* s, const DecodeArgs& a, const
     const int total = a.closed_total, chunk = a.closed_chunk.d;
     return kernel &&
            aligned_chunk(chunk, total, total / f.div, f.div, f.mul, a.min_chunk, aligned_hi(chunk)) != chunk;
+}
+
+// Whether a flat split with lengths takes the decode kernel's kAligned form (configuration C
+// has one): the aligned chunk may move (a.aligned_div, aligned_may_move), or more requests than
+// the CTA has threads, whose part that form finds in one round trip (WarpRows; log #96).
+template <typename C>
+inline bool flat_lens_kernel(const DecodeArgs& a) {
+    return a.aligned_div.d > 0 || (a.lens != nullptr && !a.split_within && a.batch > C::kThreads);
 }
 
 // ---- the closed form with lengths (small steps; the decode kernel's kSpec form) ------------

@@ -240,25 +240,31 @@ fn dense_edge_seq_lens() {
     }
 }
 
-/// Batches past one CTA's worth of requests (129..=4,100: decode CTAs then find their part
-/// from chunks of 32 requests per warp up to 32 chunks per warp, beyond that (4,100 at 4
-/// warps) by a pass for the total and a walk over the requests; the combine walks), short
-/// lengths with edges and empty requests, both dtypes.
+/// Batches past one CTA's worth of requests (129..=4,100: up to 4,096 the decode CTAs find their
+/// part, and the combine CTAs their split request, from rows of 32 lengths per warp,
+/// decode/split.cuh WarpRows; beyond that, 4,100, by a pass for the total and a walk over the
+/// requests), short lengths with edges and empty requests, and one batch of equal lengths (the
+/// aligned chunk), both dtypes.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn dense_large_batches() {
     let (_ctx, stream) = gpu();
     let mut rng = rng_for("dense_large_batches");
-    for (batch, dtype) in [
-        (129usize, DType::Bf16),
-        (257, DType::F16),
-        (700, DType::Bf16),
-        (4100, DType::F16),
+    for (batch, dtype, equal) in [
+        (129usize, DType::Bf16, false),
+        (257, DType::F16, false),
+        (700, DType::Bf16, false),
+        (1500, DType::F16, true),
+        (4100, DType::F16, false),
     ] {
         let bs = 16;
         let mbps = 12usize;
+        let same = rng.range(1, mbps * bs) as i32;
         let seq_lens: Vec<i32> = (0..batch)
-            .map(|_| edge_len(&mut rng, mbps * bs, bs) as i32)
+            .map(|_| match equal {
+                true => same,
+                false => edge_len(&mut rng, mbps * bs, bs) as i32,
+            })
             .collect();
         let spec = DenseSpec {
             q_len: 1 + rng.below(2),
@@ -349,8 +355,9 @@ fn dense_one_long_request_among_short_ones() {
     // (batch, heads, long length, long requests): the first three split with 8 warps per
     // merged row; the last three with a warp per row (parts <= 16 x batch), where the long
     // requests (more than 16 pieces each) have their rows dealt over the combine grid; the
-    // last with 2 combine slices on a 132-SM H200 (260 row CTAs: 4 slices would take two
-    // waves, decode/split.cuh combine_slices)
+    // one with 2 combine slices on a 132-SM H200 (260 row CTAs: 4 slices would take two
+    // waves, decode/split.cuh combine_slices); the last with more requests than a combine CTA
+    // has threads (the long ones listed from rows of 32 lengths per warp)
     for (i, (batch, heads, long, n_long)) in [
         (12usize, 8usize, 8192usize, 1usize),
         (9, 16, 20_000, 1),
@@ -358,6 +365,7 @@ fn dense_one_long_request_among_short_ones() {
         (40, 8, 16_384, 2),
         (24, 16, 9000, 1),
         (130, 16, 20_000, 1),
+        (600, 8, 20_000, 2),
     ]
     .into_iter()
     .enumerate()

@@ -136,6 +136,46 @@ fn sparse_topk_edges() {
     }
 }
 
+/// More tokens than a decode CTA has threads, with topk_len: up to 4,096 the decode CTAs find
+/// their part, and the combine CTAs their split token, from rows of 32 lengths per warp
+/// (decode/split.cuh WarpRows), past that by the walk; random lengths (empty rows too) and
+/// equal ones (the aligned chunk), both dtypes, both occupancy modes.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sparse_many_tokens_with_topk_len() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("sparse_many_tokens_with_topk_len");
+    let style = RowStyle {
+        hole: 0.05,
+        bad: 0.0,
+    };
+    for (i, (tokens, topk, equal)) in [
+        (129usize, 300usize, false),
+        (700, 130, false),
+        (2048, 256, true),
+        (2100, 64, false),
+        (4200, 64, false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let heads = rng.range(1, 9);
+        let bs = rng.pick(&[16usize, 32, 64, 128]);
+        let num_blocks = rng.range(50, 300);
+        let label = format!("sparse many tokens {tokens} topk {topk} heads {heads} equal {equal}");
+        let dtype = [DType::Bf16, DType::F16][i % 2];
+        with_dtype!(dtype, T => {
+            let mut s = random_sparse::<T>(
+                &mut rng, tokens, heads, topk, num_blocks, bs, style, true,
+            );
+            if equal {
+                s.topk_len = Some(vec![topk as i32; tokens]);
+            }
+            check_problem(&label, &mut rng, &stream, &s, plan_options(i % 2 == 1));
+        });
+    }
+}
+
 /// `tokens` index rows of `topk` distinct slots each, drawn from `slots`.
 fn distinct_rows(rng: &mut Rng, tokens: usize, topk: usize, slots: usize) -> Vec<Vec<i32>> {
     (0..tokens)
