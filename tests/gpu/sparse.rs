@@ -176,6 +176,35 @@ fn sparse_many_tokens_with_topk_len() {
     }
 }
 
+/// More tokens than parts and than a combine CTA's threads, without topk_len (the closed form)
+/// and with a chunk that cuts tokens (300 tokens of 2 tiles: chunk 3 at 264 parts, 5 at 132;
+/// 1,100 of 3 tiles: 13 and 25):
+/// the combine's CTA k takes part boundary k + 1 and finds its token as decode finds its part
+/// (decode/split.cuh find_split, WarpRows, from the closed form's chunk); both occupancy modes.
+/// (Added in session 28 after its device time was spent: first run in session 29.)
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sparse_many_tokens_closed_form() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("sparse_many_tokens_closed_form");
+    let style = RowStyle {
+        hole: 0.05,
+        bad: 0.0,
+    };
+    for (i, (tokens, topk)) in [(300usize, 100usize), (1100, 150)].into_iter().enumerate() {
+        let heads = rng.range(1, 9);
+        let bs = rng.pick(&[16usize, 32, 64, 128]);
+        let label = format!("sparse closed form: tokens {tokens} topk {topk} heads {heads}");
+        for sm120 in [false, true] {
+            let dtype = [DType::Bf16, DType::F16][i % 2];
+            with_dtype!(dtype, T => {
+                let s = random_sparse::<T>(&mut rng, tokens, heads, topk, 200, bs, style, false);
+                check_problem(&label, &mut rng, &stream, &s, plan_options(sm120));
+            });
+        }
+    }
+}
+
 /// `tokens` index rows of `topk` distinct slots each, drawn from `slots`.
 fn distinct_rows(rng: &mut Rng, tokens: usize, topk: usize, slots: usize) -> Vec<Vec<i32>> {
     (0..tokens)
