@@ -283,6 +283,45 @@ fn dense_large_batches() {
     }
 }
 
+/// More requests than the 32-row configuration's 256 threads (8 warps: `WarpRows` with 256
+/// threads in the `kAligned` decode kernel, which the launch takes for every flat split with
+/// lengths past the CTA's threads), 32 query rows forced, random and equal lengths, both dtypes.
+/// (Added in session 28 after its device time was spent: first run in session 29.)
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dense_large_batches_32_rows() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("dense_large_batches_32_rows");
+    for (batch, dtype, equal) in [(300usize, DType::Bf16, false), (1100, DType::F16, true)] {
+        let bs = 32;
+        let mbps = 4usize;
+        let same = rng.range(1, mbps * bs) as i32;
+        let seq_lens: Vec<i32> = (0..batch)
+            .map(|_| match equal {
+                true => same,
+                false => edge_len(&mut rng, mbps * bs, bs) as i32,
+            })
+            .collect();
+        let spec = DenseSpec {
+            q_len: 1,
+            heads: rng.range(17, 25),
+            block_size: bs,
+            max_blocks_per_seq: mbps,
+            table_pad: rng.below(3),
+            block_pad: 0,
+            spare_blocks: rng.below(4),
+            junk_unused: true,
+            seq_lens,
+            scale: rng.softmax_scale(),
+        };
+        let mut options = plan_options(false);
+        options.tuning.block_m = Some(32);
+        options.tuning.warps = Some(8);
+        let label = format!("dense_large_batches_32_rows batch {batch} equal {equal}");
+        with_dtype!(dtype, T => check_dense::<T>(&label, &mut rng, &stream, &spec, options));
+    }
+}
+
 /// One head and 128 heads, with q_len 1 and 8 (128 heads × 8 rows = 1024 query rows per
 /// request).
 #[test]
