@@ -240,6 +240,27 @@ fn dense_edge_seq_lens() {
     }
 }
 
+/// `batch` lengths up to `cap` (a table of `block_size` blocks): one drawn length for all
+/// (`equal`), else each with edges and empty requests (`edge_len`).
+fn large_batch_lens(
+    rng: &mut Rng,
+    batch: usize,
+    equal: bool,
+    cap: usize,
+    block_size: usize,
+) -> Vec<i32> {
+    let same = rng.range(1, cap) as i32;
+    (0..batch)
+        .map(|_| {
+            if equal {
+                same
+            } else {
+                edge_len(rng, cap, block_size) as i32
+            }
+        })
+        .collect()
+}
+
 /// Batches past one CTA's worth of requests (129..=4,100: up to 4,096 the decode CTAs find their
 /// part, and the combine CTAs their split request, from rows of 32 lengths per warp,
 /// decode/split.cuh WarpRows; beyond that, 4,100, by a pass for the total and a walk over the
@@ -259,13 +280,7 @@ fn dense_large_batches() {
     ] {
         let bs = 16;
         let mbps = 12usize;
-        let same = rng.range(1, mbps * bs) as i32;
-        let seq_lens: Vec<i32> = (0..batch)
-            .map(|_| match equal {
-                true => same,
-                false => edge_len(&mut rng, mbps * bs, bs) as i32,
-            })
-            .collect();
+        let seq_lens = large_batch_lens(&mut rng, batch, equal, mbps * bs, bs);
         let spec = DenseSpec {
             q_len: 1 + rng.below(2),
             heads: rng.range(1, 16),
@@ -295,13 +310,7 @@ fn dense_large_batches_32_rows() {
     for (batch, dtype, equal) in [(300usize, DType::Bf16, false), (1100, DType::F16, true)] {
         let bs = 32;
         let mbps = 4usize;
-        let same = rng.range(1, mbps * bs) as i32;
-        let seq_lens: Vec<i32> = (0..batch)
-            .map(|_| match equal {
-                true => same,
-                false => edge_len(&mut rng, mbps * bs, bs) as i32,
-            })
-            .collect();
+        let seq_lens = large_batch_lens(&mut rng, batch, equal, mbps * bs, bs);
         let spec = DenseSpec {
             q_len: 1,
             heads: rng.range(17, 25),
