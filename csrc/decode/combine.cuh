@@ -233,34 +233,10 @@ __device__ __forceinline__ void merge_row_by_warps(const DecodeArgs& a, int r, i
     store_merged_row<T, kSparse, kSl>(a, r, m, dim0, sum, mx, wt);
 }
 
-// Merge the pieces of split requests. CTA (k, m, z): the k-th split request (in request
-// order; found from the lengths like decode's split), query row m, dims slice z of
-// 512 / kSlices, kBatch pieces per lane per round trip. Its warps fold every
-// kCombineWarps-th piece, then warp 0 merges the folds in warp order (merge_row_by_warps):
-// the result does not depend on timing. When the schedule expects few pieces per request
-// (combine_rows = 8), CTA (k, g, z) instead merges rows 8g..8g+7, a warp per row over all
-// pieces (merge_rows_by_warp; 8x fewer CTAs: ncu showed the kernel's cost growing with its
-// CTA count).
-template <typename T, bool kSparse, int kSlices, int kBatch>
-__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const DecodeArgs a) {
-    using S = SliceShape<kSlices>;
-    constexpr int kRed = S::kLanes * S::kF4;  // red_o per warp
-    MLA_TRACE_AT(kTraceCombine, kTraceCombineEntry);
-    __shared__ CombineShared<kRed> sh;
-    int* found_s = sh.found();
-    const Lens lens{a.lens, a.max_len};
-    const int k = blockIdx.x;
-    const int m = blockIdx.y;  // row (combine_rows == 1) or group of combine_rows rows
-    const int dim0 = blockIdx.z * S::kDims;
-    // The k-th split request, in request order, from the lengths (as decode split them).
-    // The lengths are inputs, not decode's output: this runs while decode finishes (with
-    // PDL every decode CTA has passed its own wait, so whatever wrote them is complete);
-    // only the pieces need the wait.
-    const bool found = find_split<kCombineWarps * 32>(a, lens, k, sh.scratch, found_s);
-    if (!found) return;
-    MLA_TRACE_AT(kTraceCombine, kTraceSplitFound);
-    grid_dependency_wait();
-    MLA_TRACE_AT(kTraceCombine, kTraceCombineWaitDone);
+// Merges the rows of split request r (pieces first..last) that CTA (., m, z) owns.
+template <typename T, bool kSparse, int kSlices, int kBatch, int kRed>
+__device__ __forceinline__ void merge_split(const DecodeArgs& a, const int* found_s, int m, int dim0,
+                                            CombineShared<kRed>& sh) {
     const int r = found_s[kFoundReq], first = found_s[kFoundFirst], last = found_s[kFoundLast];
     const int first_tail = found_s[kFoundTail];
     if (a.combine_rows > 1) {  // few pieces per request: warp w merges row m + w alone
@@ -268,6 +244,53 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Decod
     } else {  // many pieces: 8 warps per row
         merge_row_by_warps<T, kSparse, kSlices, kBatch, kRed>(a, r, first, first_tail, last, m, dim0, sh);
     }
+}
+
+// Merge the pieces of split requests. CTA (k, m, z): the k-th split request (in request
+// order; found from the lengths like decode's split), query row m, dims slice z of
+// 512 / kSlices, kBatch pieces per lane per round trip. Its warps fold every
+// kCombineWarps-th piece, then warp 0 merges the folds in warp order (merge_row_by_warps):
+// the result does not depend on timing. When the schedule expects few pieces per request
+// (combine_rows = 8), CTA (k, g, z) instead merges rows 8g..8g+7, a warp per row over all
+// pieces (merge_rows_by_warp; 8x fewer CTAs: ncu showed the kernel's cost growing with its
+// CTA count). kLoop (the host launches it only where BoundarySplits applies, with fewer CTAs
+// than split boundaries: decode/split.cuh, combine_loops): CTA (x, m, z) loads the lengths
+// once and takes split boundaries x, x + gridDim.x, ... in turn, so that a step of thousands
+// of requests where few or none are split does not pay a CTA (launch, lengths, search) per
+// part boundary.
+template <typename T, bool kSparse, int kSlices, int kBatch, bool kLoop = false>
+__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const DecodeArgs a) {
+    using S = SliceShape<kSlices>;
+    constexpr int kRed = S::kLanes * S::kF4;  // red_o per warp
+    MLA_TRACE_AT(kTraceCombine, kTraceCombineEntry);
+    __shared__ CombineShared<kRed> sh;
+    int* found_s = sh.found();
+    const Lens lens{a.lens, a.max_len};
+    const int m = blockIdx.y;  // row (combine_rows == 1) or group of combine_rows rows
+    const int dim0 = blockIdx.z * S::kDims;
+    if constexpr (kLoop) {
+        BoundarySplits<kCombineWarps * 32> bs;
+        bs.init(a, lens, sh.scratch);
+        bool waited = false;
+#pragma unroll 1
+        for (int k = blockIdx.x; bs.in_step(k); k += gridDim.x) {
+            if (!bs.find(a, lens, k, sh.scratch, found_s)) continue;  // (uniform)
+            if (!waited) grid_dependency_wait();
+            waited = true;
+            merge_split<T, kSparse, kSlices, kBatch>(a, found_s, m, dim0, sh);
+        }
+        return;
+    }
+    // The k-th split request, in request order, from the lengths (as decode split them).
+    // The lengths are inputs, not decode's output: this runs while decode finishes (with
+    // PDL every decode CTA has passed its own wait, so whatever wrote them is complete);
+    // only the pieces need the wait.
+    const bool found = find_split<kCombineWarps * 32>(a, lens, blockIdx.x, sh.scratch, found_s);
+    if (!found) return;
+    MLA_TRACE_AT(kTraceCombine, kTraceSplitFound);
+    grid_dependency_wait();
+    MLA_TRACE_AT(kTraceCombine, kTraceCombineWaitDone);
+    merge_split<T, kSparse, kSlices, kBatch>(a, found_s, m, dim0, sh);
     MLA_TRACE_AT(kTraceCombine, kTraceCombineEnd);
 }
 

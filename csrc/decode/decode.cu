@@ -47,7 +47,7 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& args, cudaS
     }
     const dim3 grid(s->num_m_tiles, s->num_parts);
     const int z = s->internal.combine_slices;
-    const dim3 cgrid(max_splits(s->batch, s->num_parts), (a.m_rows + a.combine_rows - 1) / a.combine_rows, z);
+    dim3 cgrid(max_splits(s->batch, s->num_parts), (a.m_rows + a.combine_rows - 1) / a.combine_rows, z);
     // (slices, pieces per lane per round trip): decode/split.cuh, combine_slices and
     // combine_deep_batch (8 warps per row only); the long requests' rows are dealt over the
     // grid (combine_dealing_kernel) when there may be any (combine_deals; 2 slices are a warp
@@ -88,8 +88,14 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& args, cudaS
     }));
     // One part, or a split that the host knows lays every request inside one part
     // (nothing_to_merge): no request is split, nothing to merge.
-    if (s->num_parts > 1 && !nothing_to_merge(a))
+    if (s->num_parts > 1 && !nothing_to_merge(a)) {
+        // (after the decode launch: it may set the closed form with lengths, which decides this)
+        if (const int loop_ctas = combine_loop_ctas(s, a)) {
+            combine = combine_kernel<T, kSparse, 1, 8, true>;
+            cgrid.x = loop_ctas;
+        }
         MLA_CUDA_TRY((launch_pdl(combine, cgrid, kCombineWarps * 32, 0, st, in.pdl, a)));
+    }
     return MLA_STATUS_OK;
 }
 

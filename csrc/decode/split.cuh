@@ -274,10 +274,26 @@ struct WarpRows {
     int first;  // the warp's first request
     int start;  // its first tile in the step
     int sum;    // its tiles
+    static constexpr int kG = 8;  // rows whose loads are in flight at once
     __device__ __forceinline__ int req(int j) const { return first + 32 * j + (threadIdx.x & 31); }
-    // Tiles of this lane's request in row j (0 past the batch).
-    __device__ __forceinline__ int tile(const DecodeArgs& a, const Lens& lens, int j) const {
-        return req(j) < a.batch ? lens.tiles(req(j)) : 0;
+    // Tiles of this lane's requests in rows [j0, j0 + kG) (0 past the batch or the warp's
+    // rows): every load is issued before any is used (predicated, no branch between them), so
+    // a group costs one round trip (a load per row with its use behind it took one each: eight
+    // on t=2048 in a 256-thread combine CTA, log #97).
+    __device__ __forceinline__ void group(const DecodeArgs& a, const Lens& lens, int j0, int (&t)[kG]) const {
+        bool valid[kG];
+#pragma unroll
+        for (int u = 0; u < kG; ++u) valid[u] = j0 + u < rows && req(j0 + u) < a.batch;
+        if (lens.p == nullptr) {  // (uniform)
+#pragma unroll
+            for (int u = 0; u < kG; ++u) t[u] = valid[u] ? Lens::tiles_of(lens.max_len) : 0;
+            return;
+        }
+        int raw[kG];
+#pragma unroll
+        for (int u = 0; u < kG; ++u) raw[u] = valid[u] ? lens.p[req(j0 + u)] : 0;
+#pragma unroll
+        for (int u = 0; u < kG; ++u) t[u] = valid[u] ? Lens::tiles_of(Lens::clamp(raw[u], lens.max_len)) : 0;
     }
     // Loads every row, then (one barrier pair over scratch[0, 2 kW)) the warp's first tile;
     // *total gets the step's tiles and *max the most tiles of one request. Every thread calls it.
@@ -286,12 +302,15 @@ struct WarpRows {
         rows = static_cast<int>((static_cast<uint32_t>(a.batch) + kThreads - 1) / kThreads);
         first = warp * rows * 32;
         int s = 0, m = 0;
-#pragma unroll 8
-        for (int j = 0; j < kRows; ++j) {
-            if (j >= rows) break;  // (uniform)
-            const int t = tile(a, lens, j);
-            s += t;
-            m = ::max(m, t);
+#pragma unroll 1
+        for (int j0 = 0; j0 < rows; j0 += kG) {  // (uniform)
+            int t[kG];
+            group(a, lens, j0, t);
+#pragma unroll
+            for (int u = 0; u < kG; ++u) {
+                s += t[u];
+                m = ::max(m, t[u]);
+            }
         }
         sum = __reduce_add_sync(0xffffffffu, s);
         m = __reduce_max_sync(0xffffffffu, m);
@@ -313,27 +332,38 @@ struct WarpRows {
         *total = all;
         *max = mx;
     }
-    // Tile lo (start <= lo < the step's total): the warp that holds it walks its rows (L1) and
-    // the lane of its request writes out[0] = the request, out[1] = lo's tile in it, out[2] =
-    // the request's tiles. Every thread calls it (after scan); out is read after a barrier.
+    // Tile lo (start <= lo < the step's total): the warp that holds it walks its rows (L1, a
+    // group of kG at a time) and the lane of its request writes out[0] = the request, out[1] =
+    // lo's tile in it, out[2] = the request's tiles. Every thread calls it (after scan); out is
+    // read after a barrier.
     __device__ __forceinline__ void find(const DecodeArgs& a, const Lens& lens, int lo, int* out) const {
         if (start <= lo && lo < start + sum) {  // uniform
-            int s = start;  // the first tile of row j
-#pragma unroll 4
-            for (int j = 0; j < kRows; ++j) {
-                if (j >= rows) break;  // (uniform; lo is in one of them)
-                const int t = tile(a, lens, j);
-                const int row = __reduce_add_sync(0xffffffffu, t);
-                if (s <= lo && lo < s + row) {  // uniform
-                    const int st = s + warp_inclusive_sum(t) - t;
-                    if (st <= lo && lo < st + t) {
-                        out[0] = req(j);
+            int s = start;  // the first tile of the group's next row
+#pragma unroll 1
+            for (int j0 = 0; j0 < rows; j0 += kG) {  // (uniform; lo is in one of the rows)
+                int t[kG], row[kG];
+                group(a, lens, j0, t);
+#pragma unroll
+                for (int u = 0; u < kG; ++u) row[u] = __reduce_add_sync(0xffffffffu, t[u]);
+                int hit = -1, base = 0, mine = 0;  // the row that holds lo, its first tile, this lane's tiles there
+#pragma unroll
+                for (int u = 0; u < kG; ++u) {
+                    if (hit < 0 && lo < s + row[u]) {
+                        hit = u;
+                        base = s;
+                        mine = t[u];
+                    }
+                    s += row[u];
+                }
+                if (hit >= 0) {  // (uniform)
+                    const int st = base + warp_inclusive_sum(mine) - mine;
+                    if (st <= lo && lo < st + mine) {
+                        out[0] = req(j0 + hit);
                         out[1] = lo - st;
-                        out[2] = t;
+                        out[2] = mine;
                     }
                     break;
                 }
-                s += row;
             }
         }
     }
@@ -500,6 +530,61 @@ struct LongSplit {
     int req, first, last, tail;  // as SplitFound
 };
 
+// The split requests of a step with at least as many requests as parts (kThreads < batch <=
+// kRowsRequests, the flat split: not the closed form within requests or with lengths), by
+// their part boundaries: boundary k + 1 (tile (k + 1) * chunk) is "split boundary k" when it
+// lies strictly inside a request and is the first one inside it; that request is then
+// merged by whoever takes k, so each split request by exactly one taker, in part order. The
+// lengths are loaded once (WarpRows: one round trip, one barrier) and each boundary is found
+// by one warp's walk over L1, so a combine CTA can take several (combine_kernel's kLoop form).
+template <int kThreads>
+struct BoundarySplits {
+    WarpRows<kThreads> w;
+    int total, chunk;
+    bool none;  // equal lengths and parts of whole requests (the aligned chunk k * t): nothing split
+    __device__ static bool applies(const DecodeArgs& a, const Lens& lens) {
+        return a.batch >= a.num_parts && a.batch <= kRowsRequests && !a.closed_lens &&
+               !(lens.p == nullptr && a.closed_n.d > 0);
+    }
+    // Every thread calls it (WarpRows::scan's barriers).
+    __device__ __forceinline__ void init(const DecodeArgs& a, const Lens& lens, int* scratch) {
+        int tmax;
+        w.scan(a, lens, scratch, &total, &tmax);
+        const bool equal = all_equal(tmax, a.batch, total);
+        chunk = lens.p == nullptr ? a.closed_chunk.d : flat_chunk(a, total, equal);
+        none = equal && chunk % tmax == 0;
+    }
+    // Whether boundary k + 1 lies inside the step and may split a request (uniform).
+    __device__ __forceinline__ bool in_step(int k) const {
+        return !none && static_cast<int64_t>(k + 1) * chunk < total;
+    }
+    // Boundary k's split request into found[SplitFound] (thread 0), false if boundary k + 1 is
+    // past the step or not the first one inside a request. Every thread calls it (two
+    // barriers: scratch and found are reusable once it returns).
+    __device__ __forceinline__ bool find(const DecodeArgs& a, const Lens& lens, int k, int* scratch, int* found) const {
+        if (!in_step(k)) return false;
+        const int lo = (k + 1) * chunk;
+        w.find(a, lens, lo, scratch);
+        __syncthreads();
+        const int b = scratch[0], j = scratch[1], t = scratch[2];
+        const int start = lo - j;
+        auto part_of = [&](int tile) {
+            return lens.p == nullptr ? a.closed_chunk.div(tile)
+                                     : static_cast<int>(static_cast<uint32_t>(tile) / static_cast<uint32_t>(chunk));
+        };
+        const int first = part_of(start);
+        const bool mine = j > 0 && first == k;  // inside b, and b starts in part k (its first boundary)
+        if (mine && threadIdx.x == 0) {
+            found[kFoundReq] = b;
+            found[kFoundFirst] = first;
+            found[kFoundLast] = part_of(start + t - 1);
+            found[kFoundTail] = start != first * chunk ? 1 : 0;
+        }
+        __syncthreads();  // found (and scratch) read by the caller
+        return mine;
+    }
+};
+
 // The k-th split request in request order (as decode splits them): into found[SplitFound];
 // false if there are at most k. With a kRule also the long split requests, in request order,
 // into long_list (at most kMaxLong; *n_long gets how many were listed; kLongByWarps only when
@@ -648,31 +733,14 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
         return done(__syncthreads_or(check(valid, b, first, last, tail, count)));
     }
     // Many requests, at least as many as parts (the grid then has a CTA per part boundary,
-    // max_splits), without a long list: CTA k takes boundary k + 1 (tile (k + 1) * chunk) and
-    // merges the request that holds it when the boundary is the first one inside it; the
-    // other CTAs have nothing. The request is found as decode finds its part (WarpRows: one
-    // round trip, one barrier, one warp's walk over L1), where counting the split requests
-    // before the k-th in every CTA (the walk below, or its WarpRows form, measured 2.5x slower)
-    // cost the 1-slice combine (one 177-register CTA per SM, four waves on t=2048) up to 27 us
-    // when nothing at all was split (log #96).
-    if (!kLong && a.batch >= a.num_parts && a.batch <= kRowsRequests && !a.closed_lens &&
-        !(lens.p == nullptr && a.closed_n.d > 0)) {
-        WarpRows<kThreads> w;
-        int total, tmax;
-        w.scan(a, lens, scratch, &total, &tmax);
-        const int chunk =
-            lens.p == nullptr ? a.closed_chunk.d : flat_chunk(a, total, all_equal(tmax, a.batch, total));
-        const int64_t lo = static_cast<int64_t>(k + 1) * chunk;
-        if (lo >= total) return false;  // (uniform: from the scan's total)
-        w.find(a, lens, static_cast<int>(lo), scratch);
-        __syncthreads();
-        const int b = scratch[0], j = scratch[1], t = scratch[2];
-        int first, last, tail;
-        bounds(b, static_cast<int>(lo) - j, t, chunk, first, last, tail);
-        const bool mine = j > 0 && first == k;  // inside b, and b starts in part k (its first boundary)
-        if (mine && threadIdx.x == 0) record(b, first, last, tail);
-        __syncthreads();  // found (and scratch) read by the caller
-        return mine;
+    // max_splits), without a long list: CTA k takes split boundary k (BoundarySplits), where
+    // counting the split requests before the k-th in every CTA (the walk below, or its WarpRows
+    // form, measured 2.5x slower) cost the 1-slice combine (one 177-register CTA per SM, four
+    // waves on t=2048) up to 27 us when nothing at all was split (log #96).
+    if (!kLong && BoundarySplits<kThreads>::applies(a, lens)) {
+        BoundarySplits<kThreads> bs;
+        bs.init(a, lens, scratch);
+        return bs.find(a, lens, k, scratch, found);
     }
     bool equal;
     const int total = total_tiles<kThreads>(a, lens, false, scratch, &equal);
@@ -772,6 +840,20 @@ inline int combine_slices(const mla_schedule_t* s) {
     return 4;
 }
 
+// The 1-slice combine's CTAs per row group where it takes several split boundaries each
+// (combine_kernel's kLoop form, BoundarySplits), else 0: one wave of its 177-register CTAs
+// (one per SM) instead of a CTA per part boundary: four waves of them on sparse t=2048 h=16
+// top-256 with topk_len (ncu 18.9 us with the merges; 3.8 us in one wave where nothing is split,
+// log #97).
+inline int combine_loop_ctas(const mla_schedule_t* s, const DecodeArgs& a) {
+    if (s->internal.combine_slices != 1 || a.batch < a.num_parts || a.batch > kRowsRequests || a.closed_lens ||
+        (a.lens == nullptr && a.closed_n.d > 0))
+        return 0;
+    const int groups = (a.m_rows + a.combine_rows - 1) / a.combine_rows;
+    const int ctas = s->sm_count / groups > 1 ? s->sm_count / groups : 1;
+    return ctas < max_splits(s->batch, s->num_parts) ? ctas : 0;
+}
+
 // Whether the 4-slice combine keeps 16 pieces per lane in flight (111 registers) instead of 4
 // (48): when every decode CTA streams at most two tiles with 8 warps (they all end together,
 // so the fold is the critical path) and a split request has more than 32 pieces (b=2, b=1 at
@@ -815,12 +897,14 @@ inline bool within_allowed(const mla_schedule_t* s) {
 // max_len each (dense seq_lens = the table's capacity, sparse topk_len = topk: the common equal
 // case) would move the flat chunk by the aligned rule, and the configuration has a kAligned
 // kernel. Measured (log #95): one part per request (n = 1) and parts of k = 2-4 whole requests
-// gain 1.4-9.7 %; n = 2 (dense b=64 h=8 at 132 parts, 63 -> 64) and k = 8 (sparse t=2048
-// top-256 at 264 parts) lost 1.3 %, and the aligned kernel where the chunk did not move
-// 0-0.7 % (its code differs from the flat kernel's), so the filter takes n = 1 (f.div ==
-// batch) and k <= 4 at max_len only.
+// gain 1.4-9.7 %; n = 2 (dense b=64 h=8 at 132 parts, 63 -> 64) lost 1.3 %, and the aligned
+// kernel where the chunk did not move 0-0.7 % (its code differs from the flat kernel's), so the
+// filter takes n = 1 (f.div == batch) and any k at max_len only. (k = 8, sparse t=2048 top-256 at
+// 264 parts, also lost 1.3 % in log #95, when a combine CTA per part boundary searched the
+// lengths whether or not anything was split; with the combine's search in one wave and its exit
+// where nothing is, log #97, k = 8 takes 11 % off that step.)
 inline bool aligned_may_move(const mla_schedule_t* s, const DecodeArgs& a, const AlignedForm& f) {
-    if (f.div > a.batch || f.mul > 4) return false;  // n >= 2, or k > 4
+    if (f.div > a.batch) return false;  // n >= 2
     const bool kernel = with_row_format(s->kv_format, [&](auto fmt) {
         return with_config(s->internal.warps, s->internal.block_m,
                            [](auto c) { return kAlignedKernel<decltype(fmt), decltype(c)>; });
