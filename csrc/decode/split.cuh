@@ -846,8 +846,9 @@ inline int combine_slices(const mla_schedule_t* s) {
 // top-256 with topk_len (ncu 18.9 us with the merges; 3.8 us in one wave where nothing is split,
 // log #97).
 inline int combine_loop_ctas(const mla_schedule_t* s, const DecodeArgs& a) {
-    if (s->internal.combine_slices != 1 || a.batch < a.num_parts || a.batch > kRowsRequests || a.closed_lens ||
-        (a.lens == nullptr && a.closed_n.d > 0))
+    // (past a combine CTA's threads, where find_split took the boundary rule before: measured there)
+    if (s->internal.combine_slices != 1 || a.batch < a.num_parts || a.batch <= kCombineWarps * 32 ||
+        a.batch > kRowsRequests || a.closed_lens || (a.lens == nullptr && a.closed_n.d > 0))
         return 0;
     const int groups = (a.m_rows + a.combine_rows - 1) / a.combine_rows;
     const int ctas = s->sm_count / groups > 1 ? s->sm_count / groups : 1;
