@@ -269,14 +269,22 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(const Decod
     const int m = blockIdx.y;  // row (combine_rows == 1) or group of combine_rows rows
     const int dim0 = blockIdx.z * S::kDims;
     if constexpr (kLoop) {
+        // Its first kLoopOwn split requests are found before the wait (while decode finishes,
+        // as a CTA per boundary did), the rest after its merges.
+        constexpr int kLoopOwn = 8;
+        __shared__ int own[kLoopOwn][kFoundInts];
         BoundarySplits<kCombineWarps * 32> bs;
         bs.init(a, lens, sh.scratch);
-        bool waited = false;
+        int n = 0, k = blockIdx.x;
 #pragma unroll 1
-        for (int k = blockIdx.x; bs.in_step(k); k += gridDim.x) {
+        for (; n < kLoopOwn && bs.in_step(k); k += gridDim.x) n += bs.find(a, lens, k, sh.scratch, own[n]) ? 1 : 0;
+        if (n == 0 && !bs.in_step(k)) return;  // (uniform)
+        grid_dependency_wait();
+#pragma unroll 1
+        for (int i = 0; i < n; ++i) merge_split<T, kSparse, kSlices, kBatch>(a, own[i], m, dim0, sh);
+#pragma unroll 1
+        for (; bs.in_step(k); k += gridDim.x) {
             if (!bs.find(a, lens, k, sh.scratch, found_s)) continue;  // (uniform)
-            if (!waited) grid_dependency_wait();
-            waited = true;
             merge_split<T, kSparse, kSlices, kBatch>(a, found_s, m, dim0, sh);
         }
         return;
