@@ -254,7 +254,7 @@ __device__ __forceinline__ void merge_split(const DecodeArgs& a, const int* foun
 // (combine_rows = 8), CTA (k, g, z) instead merges rows 8g..8g+7, a warp per row over all
 // pieces (merge_rows_by_warp; 8x fewer CTAs: ncu showed the kernel's cost growing with its
 // CTA count). kLoop (the host launches it only where BoundarySplits applies, with fewer CTAs
-// than split boundaries: decode/split.cuh, combine_loops): CTA (x, m, z) loads the lengths
+// than split boundaries: decode/split.cuh, combine_loop_ctas): CTA (x, m, z) loads the lengths
 // once and takes split boundaries x, x + gridDim.x, ... in turn, so that a step of thousands
 // of requests where few or none are split does not pay a CTA (launch, lengths, search) per
 // part boundary.

@@ -530,8 +530,9 @@ struct LongSplit {
     int req, first, last, tail;  // as SplitFound
 };
 
-// The split requests of a step with at least as many requests as parts (kThreads < batch <=
-// kRowsRequests, the flat split: not the closed form within requests or with lengths), by
+// The split requests of a step with at least as many requests as parts (at most kRowsRequests;
+// the flat split: not the closed form within requests or with lengths; its callers take it past
+// kThreads requests), by
 // their part boundaries: boundary k + 1 (tile (k + 1) * chunk) is "split boundary k" when it
 // lies strictly inside a request and is the first one inside it; that request is then
 // merged by whoever takes k, so each split request by exactly one taker, in part order. The
@@ -847,8 +848,11 @@ inline int combine_slices(const mla_schedule_t* s) {
 // log #97).
 inline int combine_loop_ctas(const mla_schedule_t* s, const DecodeArgs& a) {
     // (past a combine CTA's threads, where find_split took the boundary rule before: measured there)
-    if (s->internal.combine_slices != 1 || a.batch < a.num_parts || a.batch <= kCombineWarps * 32 ||
-        a.batch > kRowsRequests || a.closed_lens || (a.lens == nullptr && a.closed_n.d > 0))
+    // (a warp per row only, combine_rows > 1: the kLoop form has no barrier between two merges'
+    // uses of red_*, which 8 warps per row need; batch >= parts implies it today)
+    if (s->internal.combine_slices != 1 || a.combine_rows == 1 || a.batch < a.num_parts ||
+        a.batch <= kCombineWarps * 32 || a.batch > kRowsRequests || a.closed_lens ||
+        (a.lens == nullptr && a.closed_n.d > 0))
         return 0;
     const int groups = (a.m_rows + a.combine_rows - 1) / a.combine_rows;
     const int ctas = s->sm_count / groups > 1 ? s->sm_count / groups : 1;
