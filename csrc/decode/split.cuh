@@ -530,6 +530,13 @@ struct LongSplit {
     int req, first, last, tail;  // as SplitFound
 };
 
+// The part holding `tile` of the flat split (find_split, BoundarySplits): a FastDiv when the
+// chunk is known on the host (closed form, lens NULL), else an unsigned division.
+__device__ __forceinline__ int part_of_tile(const DecodeArgs& a, const Lens& lens, int tile, int chunk) {
+    return lens.p == nullptr ? a.closed_chunk.div(tile)
+                             : static_cast<int>(static_cast<uint32_t>(tile) / static_cast<uint32_t>(chunk));
+}
+
 // The split requests of a step with at least as many requests as parts (at most kRowsRequests;
 // the flat split: not the closed form within requests or with lengths; its callers take it past
 // kThreads requests), by
@@ -543,9 +550,10 @@ struct BoundarySplits {
     WarpRows<kThreads> w;
     int total, chunk;
     bool none;  // equal lengths and parts of whole requests (the aligned chunk k * t): nothing split
-    __device__ static bool applies(const DecodeArgs& a, const Lens& lens) {
+    // (host and device: combine_loop_ctas launches the kLoop form only where it holds)
+    __host__ __device__ static bool applies(const DecodeArgs& a) {
         return a.batch >= a.num_parts && a.batch <= kRowsRequests && !a.closed_lens &&
-               !(lens.p == nullptr && a.closed_n.d > 0);
+               !(a.lens == nullptr && a.closed_n.d > 0);
     }
     // Every thread calls it (WarpRows::scan's barriers).
     __device__ __forceinline__ void init(const DecodeArgs& a, const Lens& lens, int* scratch) {
@@ -569,10 +577,7 @@ struct BoundarySplits {
         __syncthreads();
         const int b = scratch[0], j = scratch[1], t = scratch[2];
         const int start = lo - j;
-        auto part_of = [&](int tile) {
-            return lens.p == nullptr ? a.closed_chunk.div(tile)
-                                     : static_cast<int>(static_cast<uint32_t>(tile) / static_cast<uint32_t>(chunk));
-        };
+        auto part_of = [&](int tile) { return part_of_tile(a, lens, tile, chunk); };
         const int first = part_of(start);
         const bool mine = j > 0 && first == k;  // inside b, and b starts in part k (its first boundary)
         if (mine && threadIdx.x == 0) {
@@ -596,12 +601,7 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
                                            LongSplit* long_list = nullptr, int* n_long = nullptr) {
     constexpr int kW = kThreads / 32;
     constexpr bool kLong = kRule != kNoLong;
-    // first and last part of request b (tiles [start, start + t)): a FastDiv when the chunk
-    // is known on the host (closed form), else an unsigned division
-    auto part_of = [&](int tile, int chunk) {
-        return lens.p == nullptr ? a.closed_chunk.div(tile)
-                                 : static_cast<int>(static_cast<uint32_t>(tile) / static_cast<uint32_t>(chunk));
-    };
+    auto part_of = [&](int tile, int chunk) { return part_of_tile(a, lens, tile, chunk); };
     // The fewest pieces of a long request, given how many requests are split (kLongByWarps).
     auto long_min = [&](int n_split) {
         return kRule == kLongByWarps ? max(kLongPiecesByWarps, 4 * a.num_parts / max(n_split, 1) + 1)
@@ -738,7 +738,7 @@ __device__ __forceinline__ bool find_split(const DecodeArgs& a, const Lens& lens
     // counting the split requests before the k-th in every CTA (the walk below, or its WarpRows
     // form, measured 2.5x slower) cost the 1-slice combine (one 177-register CTA per SM, four
     // waves on t=2048) up to 27 us when nothing at all was split (log #96).
-    if (!kLong && BoundarySplits<kThreads>::applies(a, lens)) {
+    if (!kLong && BoundarySplits<kThreads>::applies(a)) {
         BoundarySplits<kThreads> bs;
         bs.init(a, lens, scratch);
         return bs.find(a, lens, k, scratch, found);
@@ -850,9 +850,8 @@ inline int combine_loop_ctas(const mla_schedule_t* s, const DecodeArgs& a) {
     // (past a combine CTA's threads, where find_split took the boundary rule before: measured there)
     // (a warp per row only, combine_rows > 1: the kLoop form has no barrier between two merges'
     // uses of red_*, which 8 warps per row need; batch >= parts implies it today)
-    if (s->internal.combine_slices != 1 || a.combine_rows == 1 || a.batch < a.num_parts ||
-        a.batch <= kCombineWarps * 32 || a.batch > kRowsRequests || a.closed_lens ||
-        (a.lens == nullptr && a.closed_n.d > 0))
+    if (s->internal.combine_slices != 1 || a.combine_rows == 1 || a.batch <= kCombineWarps * 32 ||
+        !BoundarySplits<kCombineWarps * 32>::applies(a))
         return 0;
     const int groups = (a.m_rows + a.combine_rows - 1) / a.combine_rows;
     const int ctas = s->sm_count / groups > 1 ? s->sm_count / groups : 1;

@@ -261,6 +261,30 @@ fn large_batch_lens(
         .collect()
 }
 
+/// The large-batch tests' spec: padded tables, spare and junk blocks (drawn in this order after
+/// the caller's lengths, q_len and heads).
+fn large_batch_spec(
+    rng: &mut Rng,
+    seq_lens: Vec<i32>,
+    q_len: usize,
+    heads: usize,
+    block_size: usize,
+    max_blocks_per_seq: usize,
+) -> DenseSpec {
+    DenseSpec {
+        q_len,
+        heads,
+        block_size,
+        max_blocks_per_seq,
+        table_pad: rng.below(3),
+        block_pad: 0,
+        spare_blocks: rng.below(4),
+        junk_unused: true,
+        seq_lens,
+        scale: rng.softmax_scale(),
+    }
+}
+
 /// Batches past one CTA's worth of requests (129..=4,100: up to 4,096 the decode CTAs find their
 /// part, and the combine CTAs their split request, from rows of 32 lengths per warp,
 /// decode/split.cuh WarpRows; beyond that, 4,100, by a pass for the total and a walk over the
@@ -281,18 +305,9 @@ fn dense_large_batches() {
         let bs = 16;
         let mbps = 12usize;
         let seq_lens = large_batch_lens(&mut rng, batch, equal, mbps * bs, bs);
-        let spec = DenseSpec {
-            q_len: 1 + rng.below(2),
-            heads: rng.range(1, 16),
-            block_size: bs,
-            max_blocks_per_seq: mbps,
-            table_pad: rng.below(3),
-            block_pad: 0,
-            spare_blocks: rng.below(4),
-            junk_unused: true,
-            seq_lens,
-            scale: rng.softmax_scale(),
-        };
+        let q_len = 1 + rng.below(2);
+        let heads = rng.range(1, 16);
+        let spec = large_batch_spec(&mut rng, seq_lens, q_len, heads, bs, mbps);
         let label = format!("dense_large_batches batch {batch}");
         check_dense_in(dtype, &label, &mut rng, &stream, &spec);
     }
@@ -311,18 +326,8 @@ fn dense_large_batches_32_rows() {
         let bs = 32;
         let mbps = 4usize;
         let seq_lens = large_batch_lens(&mut rng, batch, equal, mbps * bs, bs);
-        let spec = DenseSpec {
-            q_len: 1,
-            heads: rng.range(17, 25),
-            block_size: bs,
-            max_blocks_per_seq: mbps,
-            table_pad: rng.below(3),
-            block_pad: 0,
-            spare_blocks: rng.below(4),
-            junk_unused: true,
-            seq_lens,
-            scale: rng.softmax_scale(),
-        };
+        let heads = rng.range(17, 25);
+        let spec = large_batch_spec(&mut rng, seq_lens, 1, heads, bs, mbps);
         let mut options = plan_options(false);
         options.tuning.block_m = Some(32);
         options.tuning.warps = Some(8);
