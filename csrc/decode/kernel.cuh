@@ -870,6 +870,15 @@ __device__ __forceinline__ void fp8_pv_shared(uint32_t kv_base, const SmemPlan<C
 }
 
 // ---- phase: write a finished segment ----------------------------------------------------
+// The pieces of split requests are stored with L2 priority evict_last (st_l2_last): decode
+// writes them while it streams the rest of the cache through L2, and the combine reads them
+// after it; stored plainly, the early pieces were evicted and read back from DRAM (log #99:
+// 1024 x 127 + 65,536 h=16 -4.6 %, b=16 l=4096 -4 %, fp8_ds_mla b=64 -5 %). Not in the 32-row
+// configuration, whose many-head steps split few requests and whose loop, at sm_120's register
+// cap, ran 3 % slower with the hinted stores (dense b=64 h=64, where nothing is split).
+template <typename C>
+constexpr bool kPiecesL2Last = C::kMTiles == 1;
+
 // The end of a request's rows in this part: normalizes o by the running sum and writes this
 // lane's dims of each fragment row (dims col0 + 8 n) with the lse: straight to out and lse
 // when the whole request lay in this part (whole), else as this part's piece of a split
@@ -913,7 +922,7 @@ __device__ __forceinline__ void write_segment(const DecodeArgs& a, const Cursor&
                         float* dst = a.ws_o + row * kLatentDim + warp * C::kODims + 2 * g;
 #pragma unroll
                         for (int c = 0; c < C::kONTiles / 2; ++c)
-                            *reinterpret_cast<float2*>(dst + 16 * c) = make_float2(o[mt][c][e] * inv_e, o[mt][c][2 + e] * inv_e);
+                            st_l2_last<kPiecesL2Last<C>>(dst + 16 * c, make_float2(o[mt][c][e] * inv_e, o[mt][c][2 + e] * inv_e));
                     }
                 }
             }
@@ -929,7 +938,7 @@ __device__ __forceinline__ void write_segment(const DecodeArgs& a, const Cursor&
                                 a.lse[token * a.lse_ts + head * a.lse_hs] = lse2 * kLn2;
                             }
                         } else {
-                            a.ws_lse[static_cast<size_t>(slot) * a.m_rows + m] = lse2;
+                            st_l2_last<kPiecesL2Last<C>>(&a.ws_lse[static_cast<size_t>(slot) * a.m_rows + m], lse2);
                         }
                     }
                 } else if (whole) {
@@ -963,18 +972,17 @@ __device__ __forceinline__ void write_segment(const DecodeArgs& a, const Cursor&
                         float* d4 = dst + 2 * tq;
 #pragma unroll
                         for (int c = 0; c < C::kONTiles / 2; ++c) {
-                            *reinterpret_cast<float4*>(d4 + c * 16) =
-                                make_float4(o[mt][2 * c][2 * hf] * inv, o[mt][2 * c + 1][2 * hf] * inv,
-                                            o[mt][2 * c][2 * hf + 1] * inv, o[mt][2 * c + 1][2 * hf + 1] * inv);
+                            st_l2_last<kPiecesL2Last<C>>(
+                                d4 + c * 16, make_float4(o[mt][2 * c][2 * hf] * inv, o[mt][2 * c + 1][2 * hf] * inv,
+                                                         o[mt][2 * c][2 * hf + 1] * inv, o[mt][2 * c + 1][2 * hf + 1] * inv));
                         }
                     } else {
 #pragma unroll
                         for (int n = 0; n < C::kONTiles; ++n) {
-                            *reinterpret_cast<float2*>(dst + n * 8) =
-                                make_float2(o[mt][n][2 * hf] * inv, o[mt][n][2 * hf + 1] * inv);
+                            st_l2_last<kPiecesL2Last<C>>(dst + n * 8, make_float2(o[mt][n][2 * hf] * inv, o[mt][n][2 * hf + 1] * inv));
                         }
                     }
-                    if (warp == 0 && tq == 0) a.ws_lse[row] = lse2;
+                    if (warp == 0 && tq == 0) st_l2_last<kPiecesL2Last<C>>(&a.ws_lse[row], lse2);
                 }
             }
         }
