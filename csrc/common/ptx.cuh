@@ -94,12 +94,15 @@ __device__ __forceinline__ void cp_async_16_or_zero(uint32_t dst, const void* sr
 // pieces, which decode writes while it streams the cache through L2 and the combine reads after
 // it (docs/PERFORMANCE.md log #99). The policy is a constant (createpolicy.fractional 1.0), which
 // ptxas folds into the store's memory descriptor.
+__device__ __forceinline__ uint64_t l2_evict_last_policy() {
+    uint64_t pol;
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+    return pol;
+}
 template <bool kLast>
 __device__ __forceinline__ void st_l2_last(float* p, float x) {
     if constexpr (kLast) {
-        uint64_t pol;
-        asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
-        asm volatile("st.global.L2::cache_hint.f32 [%0], %1, %2;" ::"l"(p), "f"(x), "l"(pol) : "memory");
+        asm volatile("st.global.L2::cache_hint.f32 [%0], %1, %2;" ::"l"(p), "f"(x), "l"(l2_evict_last_policy()) : "memory");
     } else {
         *p = x;
     }
@@ -107,9 +110,9 @@ __device__ __forceinline__ void st_l2_last(float* p, float x) {
 template <bool kLast>
 __device__ __forceinline__ void st_l2_last(float* p, float2 v) {
     if constexpr (kLast) {
-        uint64_t pol;
-        asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
-        asm volatile("st.global.L2::cache_hint.v2.f32 [%0], {%1, %2}, %3;" ::"l"(p), "f"(v.x), "f"(v.y), "l"(pol) : "memory");
+        asm volatile("st.global.L2::cache_hint.v2.f32 [%0], {%1, %2}, %3;" ::"l"(p), "f"(v.x), "f"(v.y),
+                     "l"(l2_evict_last_policy())
+                     : "memory");
     } else {
         *reinterpret_cast<float2*>(p) = v;
     }
@@ -117,10 +120,8 @@ __device__ __forceinline__ void st_l2_last(float* p, float2 v) {
 template <bool kLast>
 __device__ __forceinline__ void st_l2_last(float* p, float4 v) {
     if constexpr (kLast) {
-        uint64_t pol;
-        asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
         asm volatile("st.global.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z),
-                     "f"(v.w), "l"(pol)
+                     "f"(v.w), "l"(l2_evict_last_policy())
                      : "memory");
     } else {
         *reinterpret_cast<float4*>(p) = v;
