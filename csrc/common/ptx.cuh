@@ -133,6 +133,49 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// ---- bulk copies completing on an mbarrier (sm_90 and sm_120) ------------------------------
+// One thread copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to
+// shared memory with the copy engine; the copy's completion counts its bytes off the
+// mbarrier's transaction count (the sparse fp8_ds_mla rows, decode/format_fp8.cuh).
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+// After the barriers' init, before any thread or the copy engine uses them (then a __syncthreads).
+__device__ __forceinline__ void mbar_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+// Arrive on the barrier, expecting `tx` more bytes in the current phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, int tx) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(tx) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_bulk(uint32_t dst, const void* src, int bytes, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+#endif
+}
+// Waits until the barrier's phase of the given parity has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT_%=;\n"
+        "}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+#endif
+}
+
 // Programmatic dependent launch: wait until the previous kernel in the stream has
 // finished (a no-op when the kernel was launched without the PDL attribute).
 __device__ __forceinline__ void grid_dependency_wait() {

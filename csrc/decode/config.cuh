@@ -77,6 +77,12 @@ struct TileConfig {
     static_assert(kBlockN % 16 == 0 && kBlockN / 8 == 4, "softmax/PV code assumes 32-row tiles");
 };
 
+// Sparse fp8_ds_mla rows staged by bulk copies on a per-stage mbarrier (decode/kernel.cuh
+// kBulkRows): a compile-time option, off until measured (docs/PERFORMANCE.md log #102).
+#ifndef MLA_BULK_ROWS
+#define MLA_BULK_ROWS 0
+#endif
+
 // A tile configuration applied to cache-row format Fmt (decode/format.cuh): the QK width each
 // warp covers, the output dims each warp owns, and the dynamic shared memory (SmemPlan,
 // decode/smem.cuh), checked here against sm_120: a format and configuration that do not fit
@@ -133,8 +139,11 @@ struct KernelConfig : Tile {
     static constexpr int kPartialFrags = Tile::kWarps * Tile::kMTiles * Tile::kSNTiles;  // (warp, m-tile, n8 tile)
     static constexpr int kPartialBytes =
         (kPartialFrags * (32 + kPartialPad) + kPartialFrags / 2 * kPartialPairPad) * 8 * Tile::kFragRows;
+    // fp8_ds_mla with MLA_BULK_ROWS: one mbarrier per stage, on which the sparse rows' bulk
+    // copies complete (decode/kernel.cuh kBulkRows)
+    static constexpr int kBarBytes = (MLA_BULK_ROWS && Fmt::kFp8 && Fmt::kDsMla) ? Tile::kStages * 8 : 0;
     static constexpr int kSmemBytes =
-        Tile::kStages * kKvStageBytes + kQBytes + kPartialBytes + Tile::kValidBytes + kSoftBytes;
+        Tile::kStages * kKvStageBytes + kQBytes + kPartialBytes + Tile::kValidBytes + kSoftBytes + kBarBytes;
 
     static_assert(kSKSteps * 16 * Tile::kSplitK == Fmt::kQkDim, "k split");
     static_assert(kODims * Tile::kWarps == Fmt::kVDim && kONTiles % 2 == 0, "PV loads two n8 tiles per ldmatrix");

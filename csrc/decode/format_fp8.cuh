@@ -79,7 +79,23 @@ struct RowFp8 : RowInBlock<kDsMla_ ? MLA_ROW_BYTES_FP8_DS_MLA : MLA_ROW_BYTES_FP
             if (lane == 31) cp_async_4(stage + row * kSmemRowBytes + kFp8TensorRowBytes, a.kv_scale, 4);
         }
     }
+
+    // fp8_ds_mla, sparse (decode/kernel.cuh kBulkRows): the row's lane copies the whole row with
+    // one bulk copy completing on the stage's mbarrier (a masked row copies zeros, so every
+    // staged byte comes through the copy engine and NaN never lingers in a masked row).
+    static __device__ __forceinline__ void copy_row_bulk(uint32_t stage, int row, const DecodeArgs& a, RowAddr r,
+                                                         uint32_t bar);
 };
+
+// The source of a masked fp8_ds_mla row's bulk copy (RowFp8::copy_row_bulk): zeros.
+static __device__ __align__(128) uint8_t g_zero_row_fp8[MLA_ROW_BYTES_FP8_DS_MLA] = {};
+
+template <typename T, bool kDsMla_>
+__device__ __forceinline__ void RowFp8<T, kDsMla_>::copy_row_bulk(uint32_t stage, int row, const DecodeArgs& a,
+                                                                  RowAddr r, uint32_t bar) {
+    const uint8_t* src = r >= 0 ? a.cache + r : g_zero_row_fp8;
+    cp_async_bulk(stage + row * kSmemRowBytes, src, kRowBytes, bar);
+}
 
 template <typename T>
 using RowFp8DsMla = RowFp8<T, true>;

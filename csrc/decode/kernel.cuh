@@ -33,6 +33,17 @@ constexpr bool kStartThreshold = C::kHalfM && C::kWarps == 4 && !Fmt::kFp8;
 template <typename C, bool kSparse>
 constexpr bool kMaskBits = C::kMaskAdd || (kSparse && C::kSharedSoftmax && !C::Format::kFp8);
 
+// Whether the tile's rows are staged by bulk copies (one per row, by the row's lane, completing
+// on the stage's mbarrier: RowFp8::copy_row_bulk) instead of 16-byte cp.async chunks: sparse
+// fp8_ds_mla rows, which are gathered row by row and staged byte for byte as stored (656
+// bytes, a multiple of 16 at 16-byte aligned addresses). The chunked copy costs ~150-200
+// warp-instructions per warp-tile (a row's 64-bit address shuffled to the warp, two copies
+// of which the second has 9 of 32 lanes busy, the zero-fill selects: ncu, session 30).
+// MLA_BULK_ROWS (config.cuh) is off by default: built in session 31, which had no GPU, it is
+// not yet tested or measured (docs/PERFORMANCE.md log #102).
+template <typename C, bool kSparse>
+constexpr bool kBulkRows = MLA_BULK_ROWS && kSparse && C::Format::kFp8 && C::Format::kDsMla;
+
 // The raw table entry behind one tile row, read one iteration before the tile is issued
 // so that issuing never waits on a dependent load. Lanes 0..kRowsPerWarp-1 of each warp
 // own row warp*kRowsPerWarp+lane. The column is clamped into the table row; the length
@@ -60,7 +71,7 @@ __device__ __forceinline__ RowRaw resolve_row(const DecodeArgs& a, const Cursor&
 // division).
 template <typename C, bool kSparse>
 __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Cursor& c, const RowRaw& rr, uint8_t* kv_stage,
-                                          int32_t* valid_stage) {
+                                          int32_t* valid_stage, uint32_t bar) {
     using Fmt = typename C::Format;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     typename Fmt::RowAddr off = Fmt::kNoRow;
@@ -75,6 +86,12 @@ __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Cursor& c, 
         }
     }
     const uint32_t kv_base = smem_u32(kv_stage);
+    if constexpr (kBulkRows<C, kSparse>) {
+        // every row (a masked one copies zeros) is kRowBytes on the stage's barrier
+        if (lane == 0) mbar_arrive_expect_tx(bar, C::kRowsPerWarp * Fmt::kRowBytes);
+        if (lane < C::kRowsPerWarp) Fmt::copy_row_bulk(kv_base, warp * C::kRowsPerWarp + lane, a, off, bar);
+        return;
+    }
     if constexpr (!kSparse && Fmt::kStagedAsStored && C::kMTiles == 1) {
         // (Not with two m-tiles: that configuration is compute-bound and at the register cap.)
         // Dense, rows staged byte for byte as stored: the warp's kRowsPerWarp rows are
@@ -92,11 +109,13 @@ __device__ __forceinline__ void load_tile(const DecodeArgs& a, const Cursor& c, 
             return;
         }
     }
+    if constexpr (!kBulkRows<C, kSparse>) {
 #pragma unroll
-    for (int i = 0; i < C::kRowsPerWarp; ++i) {
-        const typename Fmt::RowAddr roff = Fmt::shfl_row(off, i);
-        const int row = warp * C::kRowsPerWarp + i;
-        Fmt::copy_row(kv_base, row, a, roff, lane);
+        for (int i = 0; i < C::kRowsPerWarp; ++i) {
+            const typename Fmt::RowAddr roff = Fmt::shfl_row(off, i);
+            const int row = warp * C::kRowsPerWarp + i;
+            Fmt::copy_row(kv_base, row, a, roff, lane);
+        }
     }
 }
 
@@ -208,7 +227,7 @@ struct TilePipeline {
     __device__ __forceinline__ bool start(const DecodeArgs& a, const Lens& lens, const SmemPlan<C>& sm, int m_tile,
                                           int first_req, int first_j, int lo, int hi) {
         cur = Cursor{first_req, first_j, lens.len(first_req)};
-        load_tile<C, kSparse>(a, cur, resolve_row<C, kSparse>(a, cur), sm.kv(0), sm.valid(0));
+        load_tile<C, kSparse>(a, cur, resolve_row<C, kSparse>(a, cur), sm.kv(0), sm.valid(0), sm.bar(0));
         if constexpr (C::kQInSmem) load_q_smem<C, kSparse>(a, cur.b, m_tile, sm.q());
         cp_async_commit();
         next = cur;
@@ -219,7 +238,7 @@ struct TilePipeline {
             next_raw = resolve_row<C, kSparse>(a, next);
             // same segment (no Q to load), and not a long part that issues its first tile alone
             if (next.j != 0 && (C::kFirstAlone == 0 || hi - lo < C::kFirstAlone)) {
-                load_tile<C, kSparse>(a, next, next_raw, sm.kv(1), sm.valid(1));
+                load_tile<C, kSparse>(a, next, next_raw, sm.kv(1), sm.valid(1), sm.bar(1));
                 cp_async_commit();
                 ahead = true;
             }
@@ -243,13 +262,13 @@ struct TilePipeline {
     __device__ __forceinline__ bool start_known(const DecodeArgs& a, const SmemPlan<C>& sm, int m_tile, int b, int j,
                                                 int len, int lo, int hi) {
         cur = Cursor{b, j, len};
-        load_tile<C, kSparse>(a, cur, spec_raw[0], sm.kv(0), sm.valid(0));
+        load_tile<C, kSparse>(a, cur, spec_raw[0], sm.kv(0), sm.valid(0), sm.bar(0));
         if constexpr (C::kQInSmem) load_q_smem<C, kSparse>(a, b, m_tile, sm.q());
         cp_async_commit();
         next = Cursor{b, j + 1, len};
         next_raw = spec_raw[1];
         if (lo + 1 < hi) {
-            load_tile<C, kSparse>(a, next, next_raw, sm.kv(1), sm.valid(1));
+            load_tile<C, kSparse>(a, next, next_raw, sm.kv(1), sm.valid(1), sm.bar(1));
             cp_async_commit();
             return true;
         }
@@ -257,12 +276,17 @@ struct TilePipeline {
     }
 
     // Waits until tile x is in shared memory and every thread is past the previous tile.
-    __device__ __forceinline__ void wait(bool ahead) const {
-        if (ahead) {
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
+    // kBulkRows: the rows on the stage's barrier (phase parity: the stage's uses so far), the
+    // cp.async groups then hold only the Q rows (none without a Q tile).
+    __device__ __forceinline__ void wait(bool ahead, const SmemPlan<C>& sm, int stage, int parity) const {
+        if (!kBulkRows<C, kSparse> || C::kQInSmem) {
+            if (ahead) {
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
         }
+        if constexpr (kBulkRows<C, kSparse>) mbar_wait(sm.bar(stage), parity);
         __syncthreads();
     }
 
@@ -276,7 +300,7 @@ struct TilePipeline {
         const bool next_seg = x + 1 < hi && next.j == 0;
         if (x + 1 < hi && !ahead) {
             if (C::kQInSmem && seg_start && next_seg) __syncthreads();  // the Q tile was just read: let every warp finish
-            load_tile<C, kSparse>(a, next, next_raw, sm.kv(stage ^ 1), sm.valid(stage ^ 1));
+            load_tile<C, kSparse>(a, next, next_raw, sm.kv(stage ^ 1), sm.valid(stage ^ 1), sm.bar(stage ^ 1));
             if (C::kQInSmem && next_seg) load_q_smem<C, kSparse>(a, next.b, m_tile, sm.q());
             cp_async_commit();
         }
@@ -301,7 +325,7 @@ struct TilePipeline {
     __device__ __forceinline__ void issue_after(const DecodeArgs& a, const SmemPlan<C>& sm, int m_tile, uint8_t* kv_cur,
                                                 int stage) const {
         __syncthreads();
-        load_tile<C, kSparse>(a, after, after_raw, kv_cur, sm.valid(stage));
+        load_tile<C, kSparse>(a, after, after_raw, kv_cur, sm.valid(stage), sm.bar(stage));
         if (C::kQInSmem && after.j == 0) load_q_smem<C, kSparse>(a, after.b, m_tile, sm.q());
         cp_async_commit();
     }
@@ -1056,6 +1080,14 @@ __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<F
     MLA_TRACE_AT(kTraceDecode, kTracePartFound);
     if (pp.lo >= pp.total) return;
     const int lo = pp.lo, hi = pp.hi, first_req = pp.first_req, first_j = pp.first_j;
+    if constexpr (kBulkRows<C, kSparse>) {  // the stages' barriers: one arrival per warp and tile
+        if (threadIdx.x == 0) {
+            mbar_init(sm.bar(0), C::kWarps);
+            mbar_init(sm.bar(1), C::kWarps);
+            mbar_init_fence();
+        }
+        __syncthreads();
+    }
     // The start trigger. The 16-bit 8-row 4-warp kernels (kStartThreshold) compare the part's
     // tiles with a threshold that decode.cu puts above kPdlStartShift in a.pdl: every part with
     // MLA_PDL_TRIGGER_AT_START, parts of at most kPdlShortPartTiles tiles on steps that are not
@@ -1104,7 +1136,7 @@ __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<F
         // invariants differently (other registers on sm_120)
         const int32_t* valid_cur = sm.valid_ + stage * C::kBlockN;
         // ---- wait for tile x ----
-        pipe.wait(ahead);
+        pipe.wait(ahead, sm, stage, ((x - lo) >> 1) & 1);
         if (x == lo) MLA_TRACE_AT(kTraceDecode, kTraceFirstTileIn);
         if (x + 1 == hi) MLA_TRACE_AT(kTraceDecode, kTraceLastTileIn);
         // Every trigger must come after this CTA's grid_dependency_wait(): combine_kernel

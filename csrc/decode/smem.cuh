@@ -71,11 +71,13 @@ struct SmemPlan {
     static constexpr int kPOffset = kValidOffset + C::kValidBytes;
     static constexpr int kAlphaOffset = kPOffset + C::kBlockM * C::kPRowBytes;
     static constexpr int kStatsOffset = kAlphaOffset + C::kBlockM * 4;
-    static constexpr int kBytes = kValidOffset + C::kValidBytes + C::kSoftBytes;
+    static constexpr int kBarOffset = kValidOffset + C::kValidBytes + C::kSoftBytes;
+    static constexpr int kBytes = kBarOffset + C::kBarBytes;
     static_assert(kBytes == C::kSmemBytes, "the plan covers every buffer KernelConfig counts");
     static_assert(kPartialOffset % 16 == 0 && kValidOffset % 16 == 0, "float4 partials, aligned flags");
     static_assert(kPOffset % 16 == 0 && C::kPRowBytes % 16 == 0 && kStatsOffset % 8 == 0, "aligned P rows and stats");
     static_assert(C::kPartialBytes >= PartScratch::kInts * 4, "find_part's scratch fits in the S partials");
+    static_assert(kBarOffset % 8 == 0, "aligned mbarriers");
 
     // The buffers' addresses (the offsets above from the base).
     uint8_t* kv_;
@@ -102,6 +104,10 @@ struct SmemPlan {
     __device__ __forceinline__ uint8_t* p_tile() const { return reinterpret_cast<uint8_t*>(valid_) + (kPOffset - kValidOffset); }
     __device__ __forceinline__ float* alpha() const { return reinterpret_cast<float*>(valid_) + (kAlphaOffset - kValidOffset) / 4; }
     __device__ __forceinline__ float2* stats() const { return reinterpret_cast<float2*>(valid_) + (kStatsOffset - kValidOffset) / 8; }
+    // The mbarrier of stage s (C::kBarBytes: fp8_ds_mla), as a shared-memory address.
+    __device__ __forceinline__ uint32_t bar(int stage) const {
+        return smem_u32(reinterpret_cast<uint8_t*>(valid_) + (kBarOffset - kValidOffset) + 8 * stage);
+    }
     // The valid flags of stage s's kBlockN rows (kMaskBits in decode/kernel.cuh: 0.f or -inf as float bits).
     __device__ __forceinline__ int32_t* valid(int stage) const { return valid_ + stage * C::kBlockN; }
 };
