@@ -77,10 +77,14 @@ struct TileConfig {
     static_assert(kBlockN % 16 == 0 && kBlockN / 8 == 4, "softmax/PV code assumes 32-row tiles");
 };
 
-// Sparse fp8_ds_mla rows staged by bulk copies on a per-stage mbarrier (decode/kernel.cuh
-// kBulkRows): a compile-time option, off until measured (docs/PERFORMANCE.md log #102).
+// fp8_ds_mla rows staged by bulk copies on a per-stage mbarrier (decode/kernel.cuh kBulkRows;
+// bit 0: the sparse kernels, bit 1: the dense ones): a compile-time option, off until
+// measured (docs/PERFORMANCE.md log #102).
 #ifndef MLA_BULK_ROWS
 #define MLA_BULK_ROWS 0
+#endif
+#if MLA_BULK_ROWS && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "MLA_BULK_ROWS needs cp.async.bulk and mbarrier transaction counts: sm_90 or newer"
 #endif
 
 // A tile configuration applied to cache-row format Fmt (decode/format.cuh): the QK width each

@@ -80,7 +80,7 @@ struct RowFp8 : RowInBlock<kDsMla_ ? MLA_ROW_BYTES_FP8_DS_MLA : MLA_ROW_BYTES_FP
         }
     }
 
-    // fp8_ds_mla, sparse (decode/kernel.cuh kBulkRows): the row's lane copies the whole row with
+    // fp8_ds_mla with MLA_BULK_ROWS (decode/kernel.cuh kBulkRows): the row's lane copies the whole row with
     // one bulk copy completing on the stage's mbarrier (a masked row copies zeros, so every
     // staged byte comes through the copy engine and NaN never lingers in a masked row).
     static __device__ __forceinline__ void copy_row_bulk(uint32_t stage, int row, const DecodeArgs& a, RowAddr r,

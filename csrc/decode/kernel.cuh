@@ -34,15 +34,16 @@ template <typename C, bool kSparse>
 constexpr bool kMaskBits = C::kMaskAdd || (kSparse && C::kSharedSoftmax && !C::Format::kFp8);
 
 // Whether the tile's rows are staged by bulk copies (one per row, by the row's lane, completing
-// on the stage's mbarrier: RowFp8::copy_row_bulk) instead of 16-byte cp.async chunks: sparse
-// fp8_ds_mla rows, which are gathered row by row and staged byte for byte as stored (656
-// bytes, a multiple of 16 at 16-byte aligned addresses). The chunked copy costs ~150-200
-// warp-instructions per warp-tile (a row's 64-bit address shuffled to the warp, two copies
-// of which the second has 9 of 32 lanes busy, the zero-fill selects: ncu, session 30).
-// MLA_BULK_ROWS (config.cuh) is off by default: built in session 31, which had no GPU, it is
-// not yet tested or measured (docs/PERFORMANCE.md log #102).
+// on the stage's mbarrier: RowFp8::copy_row_bulk) instead of 16-byte cp.async chunks:
+// fp8_ds_mla rows, staged byte for byte as stored (656 bytes, a multiple of 16 at 16-byte
+// aligned addresses). For sparse rows the chunked copy costs ~150-200 warp-instructions per
+// warp-tile (a row's 64-bit address shuffled to the warp, two copies of which the second has
+// 9 of 32 lanes busy, the zero-fill selects: ncu, session 30); dense rows are copied as one
+// span per warp where all are valid (~30). MLA_BULK_ROWS (config.cuh; bit 0: sparse, bit 1:
+// dense) is off by default: built in session 31, which had no GPU, it is not yet tested or
+// measured (docs/PERFORMANCE.md log #102).
 template <typename C, bool kSparse>
-constexpr bool kBulkRows = MLA_BULK_ROWS && kSparse && C::Format::kFp8 && C::Format::kDsMla;
+constexpr bool kBulkRows = C::Format::kFp8 && C::Format::kDsMla && ((MLA_BULK_ROWS >> (kSparse ? 0 : 1)) & 1);
 
 // The raw table entry behind one tile row, read one iteration before the tile is issued
 // so that issuing never waits on a dependent load. Lanes 0..kRowsPerWarp-1 of each warp
