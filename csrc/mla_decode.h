@@ -13,9 +13,10 @@
  *     ends in _bytes. The last dimension of every tensor is contiguous. The stride of a
  *     dimension of size 1 is never used, so it is never checked (torch gives such strides
  *     arbitrary values).
- *   - Alignment: q_nope, q_rope, out, kv_cache and workspace must be 16-byte aligned, and so
- *     must every q/out token and head stride times the element size (rows are moved 16
- *     bytes at a time); block_stride_bytes is a multiple of 16. lse has no alignment rule.
+ *   - Alignment: q_nope, q_rope, out, kv_cache, workspace and the append's kv source must be
+ *     16-byte aligned, and so must every q/out token and head stride and the append's
+ *     kv_token_stride times the element size (rows are moved 16 bytes at a time);
+ *     block_stride_bytes is a multiple of 16. lse has no alignment rule.
  *   - No call allocates device memory or synchronizes the host: every call can be captured
  *     in a CUDA graph. Buffers the kernels write (out, lse, workspace, error_flag) need no
  *     initialisation, except that a caller resets the error flag when it wants to know
@@ -61,7 +62,9 @@ typedef enum {
     MLA_STATUS_OK = 0,
     MLA_STATUS_INVALID_ARGUMENT = 1, /* a host-side check failed: mla_last_error() names the field */
     MLA_STATUS_UNSUPPORTED = 2,      /* valid but not implemented by this build or version */
-    MLA_STATUS_NO_DEVICE = 3,        /* no CUDA driver or device, or no current context */
+    MLA_STATUS_NO_DEVICE = 3,        /* no CUDA driver or device (calls run on the thread's
+                                        current device, as the CUDA runtime does: device 0
+                                        and its primary context when none is current) */
     MLA_STATUS_NOT_BUILT = 4,        /* the library was built without nvcc: no kernels */
     MLA_STATUS_WRONG_DEVICE = 5,     /* the schedule was made for another device than the current one */
     MLA_STATUS_CUDA_ERROR = 6        /* a CUDA runtime call failed: mla_last_cuda_error() */
@@ -215,7 +218,10 @@ typedef struct {
     int32_t max_len;           /* dense: the longest sequence expected; sparse: the top-k expected.
                                   A hint for the configuration: a decode call works with any table
                                   width (dense) or topk (sparse); lengths are clamped to what its
-                                  own block table or indices hold */
+                                  own block table or indices hold. Give the widest the calls will
+                                  pass: a schedule made for much shorter rows runs a configuration
+                                  chosen for short rows (at most 64 positions: the row kernel,
+                                  10x slower or worse on long requests) */
     mla_kv_format_t kv_format; /* the cache format the decode calls will read */
     mla_kind_t kind;           /* MLA_KIND_DENSE (0, what a zeroed struct says) or MLA_KIND_SPARSE:
                                   the decode call the schedule serves; the other call rejects it */
@@ -260,8 +266,8 @@ typedef struct {
  * batch * ceil(max_len / 32) <= INT32_MAX (the split counts 32-row tiles in int32). */
 mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* shape, const mla_tuning_t* tuning);
 
-/* Device bytes of the split workspace (fp32) a schedule needs; 256-byte aligned (any
- * cudaMalloc is). It needs no initialisation. Calls that share a workspace must run in
+/* Device bytes of the split workspace (fp32) a schedule needs; its address must be 16-byte
+ * aligned (any cudaMalloc is). It needs no initialisation. Calls that share a workspace must run in
  * stream order: a workspace serves one call at a time. */
 size_t mla_workspace_bytes(const mla_schedule_t* s);
 

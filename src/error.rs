@@ -20,8 +20,10 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
-    /// The C layer rejected a call that the safe layer's own checks passed
-    /// (`MLA_STATUS_INVALID_ARGUMENT`): the two disagree, which is a bug in this crate.
+    /// The C layer rejected a call (`MLA_STATUS_INVALID_ARGUMENT`). From the safe API, whose
+    /// own checks run first and answer [`Error::InvalidArgument`], this means the two
+    /// disagree: a bug in this crate. From [`status_to_result`] over a raw FFI call, it is
+    /// the caller's argument that `reason` names.
     Rejected {
         /// The C ABI function.
         call: &'static str,
@@ -45,13 +47,15 @@ pub enum Error {
     },
     /// A CUDA driver call made through cudarc failed.
     Driver(DriverError),
-    /// No CUDA driver, device or current context.
+    /// No CUDA driver or device.
     NoDevice,
     /// A kernel recorded a fault in an [`ErrorFlag`](crate::ErrorFlag).
     DeviceFault {
         /// What the kernel found.
         code: FaultCode,
-        /// Request (dense) or token (sparse, gather, append) index; [`FaultCode`] says which.
+        /// A request or a token index, per code: [`FaultCode`] says which (a gather's
+        /// seq_len faults name the request, its other faults the token). One flag per call
+        /// kind tells which call it came from.
         row: u32,
         /// The offending value, 64 bits wide (flag words 2 and 3: low and high halves).
         value: i64,
@@ -81,7 +85,8 @@ impl std::fmt::Display for Error {
             ),
             Error::Rejected { call, reason } => write!(
                 f,
-                "{call} rejected a call that passed the safe layer's checks (a bug in mla-decode): {reason}"
+                "{call} rejected the call: {reason} (if it came through the safe API, whose \
+                 checks passed it, that is a bug in mla-decode)"
             ),
             Error::Unsupported(what) => write!(f, "unsupported: {what}"),
             Error::Capture(what) => write!(f, "CUDA graph capture: {what}"),
@@ -90,7 +95,7 @@ impl std::fmt::Display for Error {
             }
             // DriverError's own Debug/Display call into libcuda; print the enum instead.
             Error::Driver(e) => write!(f, "CUDA driver error {:?}", e.0),
-            Error::NoDevice => f.write_str("no CUDA driver, device or current context"),
+            Error::NoDevice => f.write_str("no CUDA driver or device"),
             Error::DeviceFault { code, row, value } => {
                 write!(f, "device fault: {code} (row {row}, value {value})")
             }

@@ -21,11 +21,11 @@ pub enum FaultCode {
     /// A block-table entry outside `[0, num_blocks)`, skipped; row = request (decode) or
     /// token (gather), value = entry.
     BadBlockId,
-    /// A negative seq_len, treated as 0; row = request (dense) or token (gather), value =
+    /// A negative seq_len, treated as 0; row = request (dense decode and gather), value =
     /// seq_len.
     NegativeSeqLen,
-    /// seq_len > max_blocks_per_seq·block_size, clamped; row = request (dense) or token
-    /// (gather), value = seq_len.
+    /// seq_len > max_blocks_per_seq·block_size, clamped; row = request (dense decode and
+    /// gather), value = seq_len.
     SeqLenTooLarge,
     /// A sparse id (not -1) outside `[0, num_blocks·block_size)`, skipped; row = token,
     /// value = id.
@@ -194,7 +194,9 @@ impl ErrorFlag {
     }
 
     /// Starts a non-blocking read: copies the words into pinned host memory on `stream`
-    /// behind an event and returns at once. Allocates the [`FlagReading`]; to reuse one, see
+    /// behind an event and returns at once. Allocates the [`FlagReading`] (pinned memory and
+    /// an event) each call, and dropping a reading whose copy is still in flight blocks
+    /// until it lands: in a step loop, make one reading with [`FlagReading::new`] and use
     /// [`read_async_into`](ErrorFlag::read_async_into).
     pub fn read_async(&self, stream: &Arc<CudaStream>) -> Result<FlagReading> {
         let mut reading = FlagReading::new(stream)?;
@@ -203,7 +205,18 @@ impl ErrorFlag {
     }
 
     /// Like [`read_async`](ErrorFlag::read_async), into an existing `reading` (no
-    /// allocation). The new copy is ordered after the reading's previous one.
+    /// allocation, no host synchronization). The new copy is ordered after the reading's
+    /// previous one. The flag keeps a fault until [`reset`](ErrorFlag::reset), so starting a
+    /// new read while the last is still in flight loses nothing: the new one sees it too.
+    ///
+    /// ```ignore
+    /// let mut reading = FlagReading::new(&stream)?;          // once, with the flag
+    /// loop {
+    ///     // ... the step's launches, with Some(&mut flag) ...
+    ///     if let Some(r) = reading.try_get() { r?; }          // the last read, if it landed
+    ///     flag.read_async_into(&stream, &mut reading)?;        // this step's, polled next step
+    /// }
+    /// ```
     pub fn read_async_into(
         &self,
         stream: &Arc<CudaStream>,
@@ -268,7 +281,9 @@ impl ErrorFlag {
 /// A flag read in flight ([`ErrorFlag::read_async`]): 4 words in pinned host memory and the
 /// event that says they arrived.
 ///
-/// A reading that was never filled reads as a clear flag.
+/// A reading that was never filled reads as a clear flag. Dropping a reading whose copy is
+/// still in flight blocks until the copy lands (the pinned memory must outlive it): keep one
+/// per flag and refill it with [`ErrorFlag::read_async_into`].
 #[derive(Debug)]
 pub struct FlagReading {
     host: PinnedHostSlice<u32>,

@@ -66,7 +66,6 @@ use crate::error::{Error, Result};
 ///     let mut seq_lens = stream.clone_htod(&[1i32])?;
 ///     let q = stream.alloc_zeros::<bf16>(heads * HEAD_DIM)?;
 ///     let mut out = stream.alloc_zeros::<bf16>(heads * LATENT_DIM)?;
-///     let mut snapshots = stream.alloc_zeros::<u32>(4)?; // the flag after each replay
 ///
 ///     let graph = {
 ///         let args = DenseArgs {
@@ -77,18 +76,20 @@ use crate::error::{Error, Result};
 ///             softmax_scale: 0.0625,
 ///         };
 ///         let mut step = || -> Result<()> {
-///             flag.reset(&stream)?;
-///             dense_decode(&stream, &mut plan, &args, &mut Output::contiguous(&mut out, heads), None, Some(&mut flag))?;
-///             flag.copy_to(&stream, &mut snapshots)
+///             dense_decode(&stream, &mut plan, &args, &mut Output::contiguous(&mut out, heads), None, Some(&mut flag))
 ///         };
 ///         step()?; // warm-up: every kernel launched once outside the capture
 ///         capture_graph(&stream, step)?
 ///     };
+///     // The reset is not in the graph, so the flag keeps the first fault of any replay.
+///     // (To tell which replay faulted: capture `flag.reset` first and `flag.copy_to` a
+///     // per-step slot last, or `read_async_into` a FlagReading after each launch.)
+///     flag.reset(&stream)?;
 ///     for step in 2..100 {
 ///         stream.memcpy_htod(&[step], &mut seq_lens)?; // the next step's length
 ///         graph.launch()?;
 ///     }
-///     flag.check(&stream)?; // synchronizes: after the replays
+///     flag.check(&stream)?; // synchronizes, once: covers every replay since the reset
 ///     Ok(())
 /// }
 /// ```

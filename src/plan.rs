@@ -9,6 +9,10 @@ use crate::ffi;
 use crate::types::KvFormat;
 use crate::validate::{self, PlanDesc};
 
+/// The most requests (sparse: tokens) `MLA_PATH_ROWS` takes: its grid has a CTA row per
+/// request (`mla_tuning_t.path` in the header).
+const ROWS_MAX_BATCH: i32 = 65_535;
+
 /// The shape a dense plan is made for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct DenseShape {
@@ -287,6 +291,15 @@ impl DecodePlan {
             },
         };
         options.tuning.check()?;
+        if options.tuning.path == Some(ffi::MLA_PATH_ROWS) && batch > ROWS_MAX_BATCH {
+            return Err(Error::invalid(
+                "tuning.path",
+                format!(
+                    "MLA_PATH_ROWS takes at most {ROWS_MAX_BATCH} requests (sparse: tokens), \
+                     the shape has {batch}"
+                ),
+            ));
+        }
         let mut schedule = ffi::mla_schedule_t::default();
         let tuning = options.tuning.to_ffi(options.sm120_occupancy);
         stream.context().bind_to_thread()?;

@@ -242,8 +242,10 @@ impl<'a> Lse<'a> {
         })
     }
 
-    /// With a token and a head stride; `Strides { token: 1, head: tokens }` is FlashMLA's
-    /// `[heads, tokens]` layout.
+    /// With a token and a head stride, e.g. `Strides { token: 1, head: tokens }` for a
+    /// head-major `[heads, tokens]` tensor. FlashMLA's `[batch, heads, q_len]` is the
+    /// contiguous layout for q_len = 1 and not reachable through the strides for q_len > 1
+    /// (docs/DESIGN.md §11, README "Porting from FlashMLA").
     pub fn strided(lse: impl IntoDeviceWrite<'a, f32>, strides: Strides) -> Self {
         Lse(RowsMut {
             buf: sealed::IntoViewMut::into_view_mut(lse),

@@ -528,6 +528,14 @@ fn query(q: &QueryDesc, tokens: usize, heads: usize, elem: usize, device: usize)
                 ..Need::input("q", LATENT_DIM, elem)
             };
             rows(nope, nope_need, tokens, heads, device)?;
+            if rope.buf.addr == nope.buf.addr {
+                return Err(bad(
+                    "q",
+                    "q_rope starts where q_nope does (packed 576-wide rows: use the packed query, \
+                     or a q_rope view 512 elements in)"
+                        .to_string(),
+                ));
+            }
             let rope_need = Need {
                 part: "q_rope: ",
                 ..Need::input("q", ROPE_DIM, elem)
@@ -589,11 +597,11 @@ fn cache_geometry(c: &CacheDesc, slot_ids: bool) -> Result<()> {
             format!("{} blocks: want <= {I32_MAX}", c.num_blocks),
         ));
     }
-    if slot_ids && c.num_blocks > (I32_MAX + 1) / c.block_size {
+    if slot_ids && c.num_blocks > I32_MAX / c.block_size {
         return Err(bad(
             ARG,
             format!(
-                "{} blocks of {} rows: slot ids do not fit int32",
+                "{} blocks of {} rows: want num_blocks * block_size <= {I32_MAX} (slot ids are int32)",
                 c.num_blocks, c.block_size
             ),
         ));
@@ -1345,7 +1353,7 @@ mod tests {
                 c.softmax_scale = f32::INFINITY
             }),
             ("slot ids overflow", "kv_cache", |c| {
-                c.kv_cache.num_blocks = (1 << 31) / 64 + 1;
+                c.kv_cache.num_blocks = (1 << 31) / 64; // exactly 2^31 slots
                 c.kv_cache.buf.bytes = usize::MAX;
             }),
             ("cache format vs plan", "kv_cache", |c| {
@@ -1368,6 +1376,10 @@ mod tests {
             ("q_nope address", "q", |c| nope(c).buf.addr += 2),
             ("q_rope short", "q", |c| rope(c).buf.bytes -= 2),
             ("q_rope device", "q", |c| rope(c).buf.device = 3),
+            ("q_rope aliases q_nope", "q", |c| {
+                let n = nope(c).buf;
+                rope(c).buf = n
+            }),
             ("out device", "out", |c| c.out.buf.device = 3),
             ("out address", "out", |c| c.out.buf.addr += 4),
             ("out tokens overlap", "out", |c| {
@@ -1464,7 +1476,7 @@ mod tests {
             ("req_id device", "req_id", |c| c.req_id.device = 1),
             ("req_id short", "req_id", |c| c.req_id.bytes = 8),
             ("slot ids overflow", "kv_cache", |c| {
-                c.kv_cache.num_blocks = (1 << 31) / 64 + 1;
+                c.kv_cache.num_blocks = (1 << 31) / 64; // exactly 2^31 slots
                 c.kv_cache.buf.bytes = usize::MAX;
             }),
             ("table stride", "block_table", |c| c.block_table.stride = 16),
