@@ -89,14 +89,14 @@ extern "C" mla_status_t mla_append_kv(const mla_append_params_t* p, void* stream
     MLA_CHECK(p->kv != nullptr, "kv: NULL");
     MLA_CHECK(p->slot_mapping != nullptr, "slot_mapping: NULL");
     MLA_CHECK(p->kv_cache != nullptr, "kv_cache: NULL");
-    MLA_CHECK(p->num_tokens == 1 || (p->kv_token_stride >= kHeadDim && (p->kv_token_stride * 2) % 16 == 0),
+    MLA_CHECK(p->num_tokens == 1 || (p->kv_token_stride >= kHeadDim && p->kv_token_stride % 8 == 0),
               "kv_token_stride: %lld, must be >= 576 and keep rows 16-byte aligned",
               static_cast<long long>(p->kv_token_stride));
     MLA_CHECK((reinterpret_cast<uintptr_t>(p->kv) & 15) == 0, "kv: not 16-byte aligned");
     MLA_CHECK((reinterpret_cast<uintptr_t>(p->kv_cache) & 15) == 0, "kv_cache: not 16-byte aligned");
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     if (f == MLA_KV_F16 || f == MLA_KV_BF16) {
-        append_kernel<<<(p->num_tokens + 7) / 8, 256, 0, st>>>(
+        append_kernel<<<static_cast<unsigned>((static_cast<int64_t>(p->num_tokens) + 7) / 8), 256, 0, st>>>(
             static_cast<const uint8_t*>(p->kv), p->kv_token_stride * 2, p->num_tokens, p->slot_mapping,
             static_cast<uint8_t*>(p->kv_cache), p->block_stride_bytes, p->num_blocks, p->block_size, p->error_flag);
     } else {

@@ -16,11 +16,14 @@
  *   - Alignment: q_nope, q_rope, out, kv_cache, workspace and the append's kv source must be
  *     16-byte aligned, and so must every q/out token and head stride and the append's
  *     kv_token_stride times the element size (rows are moved 16 bytes at a time);
- *     block_stride_bytes is a multiple of 16. lse has no alignment rule.
+ *     block_stride_bytes is a multiple of 16. lse needs only a float's 4-byte alignment.
  *   - No call allocates device memory or synchronizes the host: every call can be captured
  *     in a CUDA graph. Buffers the kernels write (out, lse, workspace, error_flag) need no
  *     initialisation, except that a caller resets the error flag when it wants to know
- *     about new faults (the kernels never clear it).
+ *     about new faults (the kernels never clear it). What a call writes must not overlap
+ *     what it reads or anything else it writes (out, lse, workspace, error_flag; distinct
+ *     (token, head) rows of out and lse): the host does not check overlap (the safe Rust
+ *     layer's borrows rule it out).
  *   - Every function returns an mla_status_t (a closed set of values). After a call that
  *     did not return MLA_STATUS_OK, mla_last_error() (per thread) says which argument or
  *     field was wrong and why, and mla_last_cuda_error() gives the cudaError_t behind

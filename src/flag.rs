@@ -385,7 +385,6 @@ mod tests {
             assert_eq!(FaultCode::from_u32(c as u32), f);
             assert_eq!(f.as_u32(), c as u32);
         }
-        // Not in the header yet (the C layer adds MLA_FAULT_BAD_TOPK_LEN = 7).
         assert_eq!(FaultCode::from_u32(7), FaultCode::BadTopkLen);
         assert_eq!(FaultCode::BadTopkLen.as_u32(), 7);
         assert_eq!(

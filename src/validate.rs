@@ -613,11 +613,14 @@ fn cache_geometry(c: &CacheDesc, slot_ids: bool) -> Result<()> {
 fn cache_storage(c: &CacheDesc, device: usize) -> Result<()> {
     const ARG: &str = "kv_cache";
     let block_bytes = c.block_size * c.format.row_bytes();
-    if c.block_stride_bytes < block_bytes || c.block_stride_bytes % 16 != 0 {
+    if c.block_stride_bytes < block_bytes
+        || c.block_stride_bytes % 16 != 0
+        || c.block_stride_bytes > I64_MAX
+    {
         return Err(bad(
             ARG,
             format!(
-                "block stride {} bytes: want a multiple of 16 >= block_size*row_bytes = {block_bytes} ({})",
+                "block stride {} bytes: want a multiple of 16 in block_size*row_bytes = {block_bytes} ({})..=i64::MAX",
                 c.block_stride_bytes, c.format
             ),
         ));
@@ -1190,6 +1193,10 @@ mod tests {
         }),
         ("cache address", "kv_cache", |c| c.buf.addr += 8),
         ("cache too short", "kv_cache", |c| c.buf.bytes -= 16),
+        ("cache stride past i64 (one block)", "kv_cache", |c| {
+            c.num_blocks = 1;
+            c.block_stride_bytes = 1 << 63
+        }),
         ("cache overflow", "kv_cache", |c| {
             c.block_stride_bytes = usize::MAX & !15
         }),

@@ -16,7 +16,7 @@ using namespace mla;
 namespace {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-bool stride16(int64_t elems) { return (elems * 2) % 16 == 0; }
+bool stride16(int64_t elems) { return elems % 8 == 0; }  // 16-bit elements: 16-byte steps, no overflow
 
 // Launch with programmatic dependent launch when the schedule allows it (sm_90+): the
 // kernel may start while the previous one drains and waits in grid_dependency_wait().
@@ -186,6 +186,7 @@ mla_status_t common_args(const mla_schedule_t* s, const P* p, int64_t tokens, De
     MLA_CHECK(aligned16(p->kv_cache), "kv_cache: not 16-byte aligned");
     MLA_CHECK(aligned16(p->out), "out: not 16-byte aligned");
     MLA_CHECK(aligned16(p->workspace), "workspace: not 16-byte aligned");
+    MLA_CHECK((reinterpret_cast<uintptr_t>(p->lse) & 3) == 0, "lse: not 4-byte aligned");
     // Rows are read and written 16 bytes at a time: strides must keep them aligned, except
     // along a dimension of size 1, whose stride is never used.
     const bool one_token = tokens == 1, one_head = s->num_heads == 1;
