@@ -78,13 +78,17 @@ struct TileConfig {
 };
 
 // fp8_ds_mla rows staged by bulk copies on a per-stage mbarrier (decode/kernel.cuh kBulkRows;
-// bit 0: the sparse kernels, bit 1: the dense ones): a compile-time option, off until
-// measured (docs/PERFORMANCE.md log #102).
+// bit 0: the sparse kernels, bit 1: the dense ones): a compile-time option, off until its
+// tests are complete (docs/PERFORMANCE.md log #102).
 #ifndef MLA_BULK_ROWS
 #define MLA_BULK_ROWS 0
 #endif
-#if MLA_BULK_ROWS && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#error "MLA_BULK_ROWS needs cp.async.bulk and mbarrier transaction counts: sm_90 or newer"
+// cp.async.bulk and mbarrier transaction counts are sm_90+: older targets (MLA_CUDA_ARCHS=89)
+// keep the chunked copies whatever MLA_BULK_ROWS says.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define MLA_BULK_ARCH 0
+#else
+#define MLA_BULK_ARCH 1
 #endif
 
 // A tile configuration applied to cache-row format Fmt (decode/format.cuh): the QK width each

@@ -40,10 +40,14 @@ constexpr bool kMaskBits = C::kMaskAdd || (kSparse && C::kSharedSoftmax && !C::F
 // warp-tile (a row's 64-bit address shuffled to the warp, two copies of which the second has
 // 9 of 32 lanes busy, the zero-fill selects: ncu, session 30); dense rows are copied as one
 // span per warp where all are valid (~30). MLA_BULK_ROWS (config.cuh; bit 0: sparse, bit 1:
-// dense) is off by default: built in session 31, which had no GPU, it is not yet tested or
-// measured (docs/PERFORMANCE.md log #102).
+// dense) is off by default until fully tested: session 32 measured the sparse rows 3-7 %
+// faster (docs/PERFORMANCE.md log #102) but could not finish racecheck and the GPU suite.
+// Not for the small steps' configurations (8 warps with 8 or 16 query rows: parts of one or
+// two tiles), where the copy engine's longer latency is not hidden: the sparse t=1 step took
+// 0.3-0.4 us more in log #102.
 template <typename C, bool kSparse>
-constexpr bool kBulkRows = C::Format::kFp8 && C::Format::kDsMla && ((MLA_BULK_ROWS >> (kSparse ? 0 : 1)) & 1);
+constexpr bool kBulkRows = MLA_BULK_ARCH && C::Format::kFp8 && C::Format::kDsMla &&
+                           (C::kWarps == 4 || C::kBlockM == 32) && ((MLA_BULK_ROWS >> (kSparse ? 0 : 1)) & 1);
 
 // The raw table entry behind one tile row, read one iteration before the tile is issued
 // so that issuing never waits on a dependent load. Lanes 0..kRowsPerWarp-1 of each warp
