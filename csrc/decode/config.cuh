@@ -78,10 +78,10 @@ struct TileConfig {
 };
 
 // fp8_ds_mla rows staged by bulk copies on a per-stage mbarrier (decode/kernel.cuh kBulkRows;
-// bit 0: the sparse kernels, bit 1: the dense ones): a compile-time option, off until its
-// tests are complete (docs/PERFORMANCE.md log #102).
+// bit 0: the sparse kernels, bit 1: the dense ones): a compile-time option, default 1 (the
+// sparse kernels only: 2-7 % faster; the dense ones lost 2-11 %, docs/PERFORMANCE.md log #103).
 #ifndef MLA_BULK_ROWS
-#define MLA_BULK_ROWS 0
+#define MLA_BULK_ROWS 1
 #endif
 // cp.async.bulk and mbarrier transaction counts are sm_90+: older targets (MLA_CUDA_ARCHS=89)
 // keep the chunked copies whatever MLA_BULK_ROWS says.

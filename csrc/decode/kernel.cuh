@@ -40,8 +40,8 @@ constexpr bool kMaskBits = C::kMaskAdd || (kSparse && C::kSharedSoftmax && !C::F
 // warp-tile (a row's 64-bit address shuffled to the warp, two copies of which the second has
 // 9 of 32 lanes busy, the zero-fill selects: ncu, session 30); dense rows are copied as one
 // span per warp where all are valid (~30). MLA_BULK_ROWS (config.cuh; bit 0: sparse, bit 1:
-// dense) is off by default until fully tested: session 32 measured the sparse rows 3-7 %
-// faster (docs/PERFORMANCE.md log #102) but could not finish racecheck and the GPU suite.
+// dense) is 1 by default: the sparse rows 2-7 % faster, the dense ones (whose span copies are
+// already cheap) 2-11 % slower (docs/PERFORMANCE.md logs #102, #103).
 // Not for the small steps' configurations (8 warps with 8 or 16 query rows: parts of one or
 // two tiles), where the copy engine's longer latency is not hidden: the sparse t=1 step took
 // 0.3-0.4 us more in log #102.
