@@ -10,8 +10,10 @@ using namespace mla;
 
 namespace {
 
-// One warp per new token: 72 chunks of 16 bytes.
-__global__ void __launch_bounds__(256) append_kernel(const uint8_t* kv, int64_t kv_ts_bytes, int32_t num_tokens,
+// One warp per new token: 72 chunks of 16 bytes, the first 64 from the latent row, the last 8
+// from the RoPE row (packed rows: rope = nope + 1,024 bytes, the same stride).
+__global__ void __launch_bounds__(256) append_kernel(const uint8_t* nope, int64_t nope_ts_bytes, const uint8_t* rope,
+                                                     int64_t rope_ts_bytes, int32_t num_tokens,
                                                      const int64_t* slot_mapping, uint8_t* cache, int64_t block_stride,
                                                      int32_t num_blocks, int32_t block_size, uint32_t* flag) {
     const int t = blockIdx.x * 8 + (threadIdx.x >> 5);
@@ -24,9 +26,11 @@ __global__ void __launch_bounds__(256) append_kernel(const uint8_t* kv, int64_t 
         return;
     }
     const int64_t blk = slot / block_size;
-    const uint4* src = reinterpret_cast<const uint4*>(kv + t * kv_ts_bytes);
+    constexpr int kNopeChunks = kLatentDim * 2 / 16;
+    const uint4* src_nope = reinterpret_cast<const uint4*>(nope + t * nope_ts_bytes);
+    const uint4* src_rope = reinterpret_cast<const uint4*>(rope + t * rope_ts_bytes);
     uint4* dst = reinterpret_cast<uint4*>(cache + blk * block_stride + (slot - blk * block_size) * kRowBytes);
-    for (int c = lane; c < kRowChunks; c += 32) dst[c] = src[c];
+    for (int c = lane; c < kRowChunks; c += 32) dst[c] = c < kNopeChunks ? src_nope[c] : src_rope[c - kNopeChunks];
 }
 
 __global__ void __launch_bounds__(256) gather_kernel(const int32_t* positions, int32_t positions_stride, int32_t topk,
@@ -89,23 +93,34 @@ extern "C" mla_status_t mla_append_kv(const mla_append_params_t* p, void* stream
     MLA_CHECK(p->kv != nullptr, "kv: NULL");
     MLA_CHECK(p->slot_mapping != nullptr, "slot_mapping: NULL");
     MLA_CHECK(p->kv_cache != nullptr, "kv_cache: NULL");
-    MLA_CHECK(p->num_tokens == 1 || (p->kv_token_stride >= kHeadDim && p->kv_token_stride % 8 == 0),
-              "kv_token_stride: %lld, must be >= 576 and keep rows 16-byte aligned",
-              static_cast<long long>(p->kv_token_stride));
+    const bool split = p->kv_rope != nullptr;
+    const int64_t nope_min = split ? kLatentDim : kHeadDim;
+    MLA_CHECK(p->num_tokens == 1 || (p->kv_token_stride >= nope_min && p->kv_token_stride % 8 == 0),
+              "kv_token_stride: %lld, must be >= %lld and keep rows 16-byte aligned",
+              static_cast<long long>(p->kv_token_stride), static_cast<long long>(nope_min));
     MLA_CHECK((reinterpret_cast<uintptr_t>(p->kv) & 15) == 0, "kv: not 16-byte aligned");
+    MLA_CHECK(!split || (reinterpret_cast<uintptr_t>(p->kv_rope) & 15) == 0, "kv_rope: not 16-byte aligned");
+    MLA_CHECK(!split || p->num_tokens == 1 || (p->kv_rope_token_stride >= MLA_ROPE_DIM && p->kv_rope_token_stride % 8 == 0),
+              "kv_rope_token_stride: %lld, must be >= 64 and keep rows 16-byte aligned",
+              static_cast<long long>(p->kv_rope_token_stride));
+    // element strides of the two parts (a single row's strides are never used)
+    const int64_t nope_ts = p->num_tokens == 1 ? kHeadDim : p->kv_token_stride;
+    const int64_t rope_ts = !split ? nope_ts : p->num_tokens == 1 ? MLA_ROPE_DIM : p->kv_rope_token_stride;
+    const uint8_t* rope = split ? static_cast<const uint8_t*>(p->kv_rope)
+                                : static_cast<const uint8_t*>(p->kv) + kLatentDim * 2;
     MLA_CHECK((reinterpret_cast<uintptr_t>(p->kv_cache) & 15) == 0, "kv_cache: not 16-byte aligned");
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     if (f == MLA_KV_F16 || f == MLA_KV_BF16) {
         append_kernel<<<static_cast<unsigned>((static_cast<int64_t>(p->num_tokens) + 7) / 8), 256, 0, st>>>(
-            static_cast<const uint8_t*>(p->kv), p->kv_token_stride * 2, p->num_tokens, p->slot_mapping,
+            static_cast<const uint8_t*>(p->kv), nope_ts * 2, rope, rope_ts * 2, p->num_tokens, p->slot_mapping,
             static_cast<uint8_t*>(p->kv_cache), p->block_stride_bytes, p->num_blocks, p->block_size, p->error_flag);
     } else {
         MLA_CHECK((reinterpret_cast<uintptr_t>(p->kv_scale) & 3) == 0, "kv_scale: not 4-byte aligned");
         Fp8AppendParams q{};
         q.kv_nope = p->kv;
-        q.kv_rope = static_cast<const uint8_t*>(p->kv) + kLatentDim * 2;
-        q.nope_token_stride = p->num_tokens == 1 ? kHeadDim : p->kv_token_stride;
-        q.rope_token_stride = q.nope_token_stride;
+        q.kv_rope = rope;
+        q.nope_token_stride = nope_ts;
+        q.rope_token_stride = rope_ts;
         q.num_tokens = p->num_tokens;
         q.slot_mapping = p->slot_mapping;
         q.cache = p->kv_cache;

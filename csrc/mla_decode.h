@@ -15,7 +15,7 @@
  *     arbitrary values).
  *   - Alignment: q_nope, q_rope, out, kv_cache, workspace and the append's kv source must be
  *     16-byte aligned, and so must every q/out token and head stride and the append's
- *     kv_token_stride times the element size (rows are moved 16 bytes at a time);
+ *     kv_rope, kv_token_stride and kv_rope_token_stride times the element size (rows are moved 16 bytes at a time);
  *     block_stride_bytes is a multiple of 16. lse needs only a float's 4-byte alignment.
  *   - No call allocates device memory or synchronizes the host: every call can be captured
  *     in a CUDA graph. Buffers the kernels write (out, lse, workspace, error_flag) need no
@@ -46,7 +46,7 @@ extern "C" {
 
 /* ---- version ------------------------------------------------------------------- */
 /* Bumped on every incompatible change of this header (a field, a function, a value). */
-#define MLA_ABI_VERSION 3
+#define MLA_ABI_VERSION 4
 
 /* ---- constants of the model family ---------------------------------------------- */
 #define MLA_HEAD_DIM 576     /* q and cache row width: 512 latent + 64 rope */
@@ -360,16 +360,19 @@ typedef struct {
 mla_status_t mla_sparse_decode(const mla_schedule_t* s, const mla_sparse_params_t* p, void* stream);
 
 /* ---- cache append --------------------------------------------------------------- */
-/* Writes num_tokens new 576-wide rows kv[i] (f16 or bf16) into the paged cache at
- * slot_mapping[i] = block_id*block_size + offset, converting them to the cache's format;
- * -1 is skipped; a slot outside [0, num_blocks*block_size) is skipped and records code 6.
+/* Writes num_tokens new 576-wide rows (f16 or bf16) into the paged cache at
+ * slot_mapping[i] = block_id*block_size + offset, converting them to the cache's format.
+ * Row i is kv[i][0..576) (packed, kv_rope NULL), or kv[i][0..512) followed by
+ * kv_rope[i][0..64) (the latent and RoPE parts in separate tensors, as engines keep them:
+ * vLLM's kv_c and k_pe). A slot of -1 is skipped; a slot outside [0, num_blocks*block_size) is skipped and records code 6.
  * fp8_ds_mla: each 128-value tile of the latent gets a scale by scale_rule, values are
  * x / scale (IEEE division) rounded to nearest even e4m3 with saturation to +-448 (NaN stays
  * NaN), the 64 rope values are stored as bf16 (f16 input rounded to nearest even).
  * Per-tensor fp8: every value is x / *kv_scale, converted the same way. */
 typedef struct {
     const void* kv;              /* [num_tokens, kv_token_stride] in dtype */
-    int64_t kv_token_stride;     /* >= 576, times the element size a multiple of 16 */
+    int64_t kv_token_stride;     /* >= 576 (>= 512 with kv_rope), times the element size a
+                                    multiple of 16 (unused when num_tokens == 1) */
     mla_dtype_t dtype;
     int32_t num_tokens;          /* >= 0 (0: nothing to do) */
     const int64_t* slot_mapping; /* [num_tokens] */
@@ -381,6 +384,10 @@ typedef struct {
     int32_t num_blocks;
     int32_t block_size;
     uint32_t* error_flag;        /* may be NULL */
+    /* Since ABI 4; zero (NULL) keeps the packed rows. */
+    const void* kv_rope;         /* NULL, or [num_tokens, kv_rope_token_stride] in dtype, 16-byte aligned */
+    int64_t kv_rope_token_stride; /* with kv_rope: >= 64, times the element size a multiple of 16
+                                     (unused when num_tokens == 1) */
 } mla_append_params_t;
 
 mla_status_t mla_append_kv(const mla_append_params_t* p, void* stream);

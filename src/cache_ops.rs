@@ -71,12 +71,114 @@ pub fn append_kv<T: Element>(
     kv_cache: &mut KvCacheMut,
     error_flag: Option<&mut ErrorFlag>,
 ) -> Result<()> {
+    let rows = Rows {
+        kv: args.kv,
+        kv_token_stride: args.kv_token_stride,
+        rope: None,
+        slot_mapping: args.slot_mapping,
+        num_tokens: args.num_tokens,
+        scale_rule: args.scale_rule,
+    };
+    append(stream, &rows, kv_cache, error_flag)
+}
+
+/// What [`append_kv_split`] writes into the cache: like [`AppendArgs`], with each new row's
+/// 512 latent values and its 64 RoPE values in separate tensors, as engines keep them (vLLM's
+/// `kv_c` and `k_pe`), so that no concatenated copy is needed.
+#[derive(Clone, Copy, Debug)]
+pub struct AppendSplitArgs<'a, T> {
+    /// The latent part of the new rows, `[num_tokens, 512]` in the query dtype, rows
+    /// `kv_nope_token_stride` elements apart.
+    pub kv_nope: &'a dyn DeviceRead<T>,
+    /// Elements between rows of `kv_nope` (`>= 512`, a multiple of 16 bytes).
+    pub kv_nope_token_stride: usize,
+    /// The RoPE part, `[num_tokens, 64]` in the same dtype (16-byte aligned), rows
+    /// `kv_rope_token_stride` elements apart.
+    pub kv_rope: &'a dyn DeviceRead<T>,
+    /// Elements between rows of `kv_rope` (`>= 64`, a multiple of 16 bytes: e.g. 576 where
+    /// `k_pe` is a view into the projection's `[num_tokens, 576]` output).
+    pub kv_rope_token_stride: usize,
+    /// Where row `i` goes, as in [`AppendArgs::slot_mapping`].
+    pub slot_mapping: &'a dyn DeviceRead<i64>,
+    /// Rows to append; the buffers may be longer. 0 is a no-op.
+    pub num_tokens: usize,
+    /// As in [`AppendArgs::scale_rule`].
+    pub scale_rule: Option<ScaleRule>,
+}
+
+/// [`append_kv`] for rows whose latent and RoPE parts lie in separate tensors: row `i` is
+/// `kv_nope[i][..512]` followed by `kv_rope[i][..64]`, written exactly as `append_kv` writes
+/// the concatenated row (the same bytes in every cache format).
+///
+/// Checks every argument first (an error names a parameter or a field of
+/// [`AppendSplitArgs`]); allocates nothing and does not synchronize (graph-capturable).
+///
+/// ```no_run
+/// # use half::bf16;
+/// # use mla_decode::cudarc::driver::CudaContext;
+/// # use mla_decode::*;
+/// # fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
+/// # let stream = CudaContext::new(0)?.new_stream()?;
+/// # let (max_tokens, block_size) = (256, 64);
+/// let mut cache = stream.alloc_zeros::<u8>(1024 * block_size * KvFormat::Fp8DsMla.row_bytes())?;
+/// let kv_c = stream.alloc_zeros::<bf16>(max_tokens * LATENT_DIM)?; // normed latent rows
+/// let k_pe = stream.alloc_zeros::<bf16>(max_tokens * ROPE_DIM)?; // rotated RoPE rows
+/// let slots = stream.alloc_zeros::<i64>(max_tokens)?;
+/// let mut kc = KvCacheMut::contiguous(&mut cache, KvFormat::Fp8DsMla, block_size)?;
+/// let args = AppendSplitArgs {
+///     kv_nope: &kv_c,
+///     kv_nope_token_stride: LATENT_DIM,
+///     kv_rope: &k_pe,
+///     kv_rope_token_stride: ROPE_DIM,
+///     slot_mapping: &slots,
+///     num_tokens: 3,
+///     scale_rule: Some(ScaleRule::Raw),
+/// };
+/// append_kv_split(&stream, &args, &mut kc, None)?;
+/// # Ok(())
+/// # }
+/// ```
+pub fn append_kv_split<T: Element>(
+    stream: &Arc<CudaStream>,
+    args: &AppendSplitArgs<T>,
+    kv_cache: &mut KvCacheMut,
+    error_flag: Option<&mut ErrorFlag>,
+) -> Result<()> {
+    let rows = Rows {
+        kv: args.kv_nope,
+        kv_token_stride: args.kv_nope_token_stride,
+        rope: Some((args.kv_rope, args.kv_rope_token_stride)),
+        slot_mapping: args.slot_mapping,
+        num_tokens: args.num_tokens,
+        scale_rule: args.scale_rule,
+    };
+    append(stream, &rows, kv_cache, error_flag)
+}
+
+/// Both appends' arguments: `kv` whole rows, or their latent part when `rope` is given.
+struct Rows<'a, T> {
+    kv: &'a dyn DeviceRead<T>,
+    kv_token_stride: usize,
+    rope: Option<(&'a dyn DeviceRead<T>, usize)>,
+    slot_mapping: &'a dyn DeviceRead<i64>,
+    num_tokens: usize,
+    scale_rule: Option<ScaleRule>,
+}
+
+fn append<T: Element>(
+    stream: &Arc<CudaStream>,
+    args: &Rows<T>,
+    kv_cache: &mut KvCacheMut,
+    error_flag: Option<&mut ErrorFlag>,
+) -> Result<()> {
     let (kv_view, slots_view) = (buffer::view_of(args.kv), buffer::view_of(args.slot_mapping));
+    let rope_view = args.rope.map(|(r, _)| buffer::view_of(r));
     let kv = buffer::read(&kv_view, stream);
+    let rope = rope_view.as_ref().map(|v| buffer::read(v, stream));
     let slots = buffer::read(&slots_view, stream);
     let cache = kv_cache.bind(stream);
     let (flag, flag_buf, _g_flag) = bind_flag(error_flag, stream);
-    validate::append(&validate::AppendCall {
+    let call = validate::AppendCall {
         device: ordinal(stream),
         dtype: T::DTYPE,
         kv: kv.buf,
@@ -86,14 +188,23 @@ pub fn append_kv<T: Element>(
         scale_rule: args.scale_rule,
         kv_cache: cache.desc,
         error_flag: flag_buf,
-    })?;
+    };
+    let rope_stride = args.rope.map_or(0, |(_, s)| s);
+    match &rope {
+        None => validate::append(&call)?,
+        Some(r) => validate::append_split(&validate::AppendSplitCall {
+            rows: call,
+            kv_rope: r.buf,
+            kv_rope_token_stride: rope_stride,
+        })?,
+    }
     if args.num_tokens == 0 {
         return Ok(());
     }
     stream.context().bind_to_thread()?;
     // SAFETY: the buffers were checked to lie on this device and to hold `num_tokens` rows
-    // and the cache's blocks (an f16/bf16 cache of the rows' dtype: the only kind that gets
-    // here); the guards keep them borrowed until after the launch.
+    // (or row parts) and the cache's blocks; the guards keep them borrowed until after the
+    // launch.
     let status = unsafe {
         ffi::mla_append_kv(
             &ffi::mla_append_params_t {
@@ -113,6 +224,10 @@ pub fn append_kv<T: Element>(
                 num_blocks: cache.desc.num_blocks as i32,
                 block_size: cache.desc.block_size as i32,
                 error_flag: flag as *mut u32,
+                kv_rope: rope
+                    .as_ref()
+                    .map_or(std::ptr::null(), |r| r.addr as *const c_void),
+                kv_rope_token_stride: rope_stride as i64,
             },
             stream.cu_stream() as *mut c_void,
         )

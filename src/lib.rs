@@ -141,7 +141,9 @@ pub use cudarc;
 pub use half;
 
 pub use buffer::{DeviceRead, DeviceWrite, IntoDeviceRead, IntoDeviceWrite};
-pub use cache_ops::{append_kv, gather_slots, AppendArgs, GatherArgs};
+pub use cache_ops::{
+    append_kv, append_kv_split, gather_slots, AppendArgs, AppendSplitArgs, GatherArgs,
+};
 pub use config::{MlaConfig, Yarn};
 pub use decode::{dense_decode, sparse_decode, DenseArgs, SparseArgs};
 pub use device::{cuda_available, DeviceInfo};

@@ -54,6 +54,20 @@ pub const APPEND_ARGS: &[&str] = &[
     "kv_cache",
     "error_flag",
 ];
+/// What an [`Error::InvalidArgument`] from [`append_split`] may name: the parameters of
+/// [`append_kv_split`](crate::append_kv_split) and the fields of
+/// [`AppendSplitArgs`](crate::AppendSplitArgs).
+pub const APPEND_SPLIT_ARGS: &[&str] = &[
+    "kv_nope",
+    "kv_nope_token_stride",
+    "kv_rope",
+    "kv_rope_token_stride",
+    "slot_mapping",
+    "num_tokens",
+    "scale_rule",
+    "kv_cache",
+    "error_flag",
+];
 /// What an [`Error::InvalidArgument`] from [`gather`] may name: the parameters of
 /// [`gather_slots`](crate::gather_slots) and the fields of [`GatherArgs`](crate::GatherArgs).
 pub const GATHER_ARGS: &[&str] = &[
@@ -196,6 +210,20 @@ pub struct DenseCall {
     pub softmax_scale: f32,
     /// The error flag, if any.
     pub error_flag: Option<Buf>,
+}
+
+/// A cache append whose new rows come in two tensors
+/// ([`append_kv_split`](crate::append_kv_split)): `rows.kv` holds each row's 512 latent values
+/// (`rows.kv_token_stride` elements apart; errors name them `kv_nope` and
+/// `kv_nope_token_stride`), `kv_rope` its 64 RoPE values.
+#[derive(Clone, Debug)]
+pub struct AppendSplitCall {
+    /// The append, with `kv` the latent part.
+    pub rows: AppendCall,
+    /// `kv_rope`: the RoPE part.
+    pub kv_rope: Buf,
+    /// Elements between rows of `kv_rope`.
+    pub kv_rope_token_stride: usize,
 }
 
 /// Every argument of a sparse decode.
@@ -894,49 +922,78 @@ fn sparse_inner(c: &SparseCall) -> Result<()> {
 
 /// Checks a cache append.
 pub fn append(c: &AppendCall) -> Result<()> {
-    named(APPEND_ARGS, append_inner(c))
+    named(APPEND_ARGS, append_inner(c, None))
 }
 
-fn append_inner(c: &AppendCall) -> Result<()> {
-    let elem = c.dtype.size_bytes();
+/// Checks an append whose new rows are split into a latent and a RoPE tensor.
+pub fn append_split(c: &AppendSplitCall) -> Result<()> {
+    named(
+        APPEND_SPLIT_ARGS,
+        append_inner(&c.rows, Some((&c.kv_rope, c.kv_rope_token_stride))),
+    )
+}
+
+fn append_inner(c: &AppendCall, rope: Option<(&Buf, usize)>) -> Result<()> {
     let n = c.num_tokens;
     cache(&c.kv_cache, c.device, false)?;
     in_range("num_tokens", n, 0, I32_MAX)?;
     on_device("slot_mapping", &c.slot_mapping, c.device)?;
     holds("slot_mapping", &c.slot_mapping, n, 8, "num_tokens")?;
-    on_device("kv", &c.kv, c.device)?;
-    if c.kv.addr % 16 != 0 {
+    match rope {
+        None => token_rows(
+            c,
+            ("kv", "kv_token_stride"),
+            &c.kv,
+            c.kv_token_stride,
+            HEAD_DIM,
+        )?,
+        Some((rb, rs)) => {
+            let nope = ("kv_nope", "kv_nope_token_stride");
+            token_rows(c, nope, &c.kv, c.kv_token_stride, LATENT_DIM)?;
+            token_rows(c, ("kv_rope", "kv_rope_token_stride"), rb, rs, ROPE_DIM)?;
+        }
+    }
+    flag(c.error_flag.as_ref(), c.device)?;
+    append_kernel(c.kv_cache.format, c.dtype, c.scale_rule)
+}
+
+/// One source tensor of an append, named `arg` (its stride `stride_arg`): `num_tokens` rows
+/// of `width` elements, `stride` apart, 16-byte aligned.
+fn token_rows(
+    c: &AppendCall,
+    (arg, stride_arg): (&'static str, &'static str),
+    b: &Buf,
+    stride: usize,
+    width: usize,
+) -> Result<()> {
+    let (elem, n) = (c.dtype.size_bytes(), c.num_tokens);
+    on_device(arg, b, c.device)?;
+    if b.addr % 16 != 0 {
         return Err(bad(
-            "kv",
-            format!("address {:#x} is not 16-byte aligned", c.kv.addr),
+            arg,
+            format!("address {:#x} is not 16-byte aligned", b.addr),
         ));
     }
-    if c.kv_token_stride > I64_MAX / elem
-        || (n > 1 && (c.kv_token_stride < HEAD_DIM || (c.kv_token_stride * elem) % 16 != 0))
-    {
+    if stride > I64_MAX / elem || (n > 1 && (stride < width || (stride * elem) % 16 != 0)) {
         return Err(bad(
-            "kv_token_stride",
-            format!(
-                "{} elements: want >= {HEAD_DIM} and a multiple of 16 bytes",
-                c.kv_token_stride
-            ),
+            stride_arg,
+            format!("{stride} elements: want >= {width} and a multiple of 16 bytes"),
         ));
     }
     if n > 0 {
         let elems = (n - 1)
-            .checked_mul(c.kv_token_stride)
-            .and_then(|e| e.checked_add(HEAD_DIM))
+            .checked_mul(stride)
+            .and_then(|e| e.checked_add(width))
             .unwrap_or(usize::MAX);
         holds(
-            "kv",
-            &c.kv,
+            arg,
+            b,
             elems,
             elem,
-            &format!("[{n}, {HEAD_DIM}] with token stride {}", c.kv_token_stride),
+            &format!("[{n}, {width}] with token stride {stride}"),
         )?;
     }
-    flag(c.error_flag.as_ref(), c.device)?;
-    append_kernel(c.kv_cache.format, c.dtype, c.scale_rule)
+    Ok(())
 }
 
 /// Checks an index gather.
@@ -1469,6 +1526,69 @@ mod tests {
             &mut c.kv_cache
         });
         assert!(n >= 27, "{n}");
+
+        // the split append: the latent part named kv_nope, the RoPE part kv_rope
+        let split = AppendSplitCall {
+            rows: AppendCall {
+                kv: buf(1, 5 * LATENT_DIM * 2),
+                kv_token_stride: LATENT_DIM,
+                ..append_call()
+            },
+            kv_rope: buf(2, 5 * ROPE_DIM * 2),
+            kv_rope_token_stride: ROPE_DIM,
+        };
+        let split_mutations: &[Mutation<AppendSplitCall>] = &[
+            ("nope device", "kv_nope", |c| c.rows.kv.device = 1),
+            ("nope address", "kv_nope", |c| c.rows.kv.addr += 4),
+            ("nope short", "kv_nope", |c| c.rows.kv.bytes -= 2),
+            ("nope stride short", "kv_nope_token_stride", |c| {
+                c.rows.kv_token_stride = 504
+            }),
+            ("nope stride unaligned", "kv_nope_token_stride", |c| {
+                c.rows.kv_token_stride = LATENT_DIM + 4;
+                c.rows.kv.bytes *= 2;
+            }),
+            ("rope device", "kv_rope", |c| c.kv_rope.device = 1),
+            ("rope address", "kv_rope", |c| c.kv_rope.addr += 8),
+            ("rope short", "kv_rope", |c| c.kv_rope.bytes -= 2),
+            ("rope stride short", "kv_rope_token_stride", |c| {
+                c.kv_rope_token_stride = 56
+            }),
+            ("rope stride unaligned", "kv_rope_token_stride", |c| {
+                c.kv_rope_token_stride = ROPE_DIM + 4;
+                c.kv_rope.bytes *= 2;
+            }),
+            ("rope stride huge", "kv_rope_token_stride", |c| {
+                c.kv_rope_token_stride = usize::MAX / 2
+            }),
+            ("slots short", "slot_mapping", |c| {
+                c.rows.slot_mapping.bytes -= 8
+            }),
+            ("rule for bf16", "scale_rule", |c| {
+                c.rows.scale_rule = Some(ScaleRule::Raw)
+            }),
+        ];
+        let n = run(
+            APPEND_SPLIT_ARGS,
+            split.clone(),
+            append_split,
+            split_mutations,
+            |c| &mut c.rows.kv_cache,
+        );
+        assert!(n >= 20, "{n}");
+        // a 576-wide stride for either part (views into one [n, 576] tensor) is fine,
+        // and one row's strides are never used
+        let mut views = split.clone();
+        views.rows.kv_token_stride = HEAD_DIM;
+        views.rows.kv.bytes = 5 * HEAD_DIM * 2;
+        views.kv_rope_token_stride = HEAD_DIM;
+        views.kv_rope.bytes = 4 * HEAD_DIM * 2 + ROPE_DIM * 2;
+        assert_eq!(append_split(&views), Ok(()));
+        let mut one = split;
+        one.rows.num_tokens = 1;
+        one.rows.kv_token_stride = 3;
+        one.kv_rope_token_stride = 0;
+        assert_eq!(append_split(&one), Ok(()));
 
         let gather_mutations: &[Mutation<GatherCall>] = &[
             ("topk zero", "topk", |c| c.topk = 0),

@@ -283,17 +283,22 @@ impl Engine {
         let scale_rule = self.scale_rule();
         self.flag.reset(stream)?;
         for l in 0..layers {
-            // 1. The new token's row into this layer's cache.
+            // 1. The new token's row into this layer's cache, from its latent and RoPE parts
+            // as an engine holds them (here views into one [n, 576] projection output, as
+            // vLLM's kv_c and k_pe are): no concatenated copy.
             let kv_new = self.kv_new.slice(l * n * HEAD_DIM..(l + 1) * n * HEAD_DIM);
-            let append = AppendArgs {
-                kv: &kv_new,
-                kv_token_stride: HEAD_DIM,
+            let k_pe = kv_new.slice(LATENT_DIM..);
+            let append = AppendSplitArgs {
+                kv_nope: &kv_new,
+                kv_nope_token_stride: HEAD_DIM,
+                kv_rope: &k_pe,
+                kv_rope_token_stride: HEAD_DIM,
                 slot_mapping: &self.slot_mapping,
                 num_tokens: n,
                 scale_rule,
             };
             let mut cache = cache_mut(&mut self.caches[l], self.layout, self.kv_scale.as_ref());
-            append_kv(stream, &append, &mut cache, Some(&mut self.flag))?;
+            append_kv_split(stream, &append, &mut cache, Some(&mut self.flag))?;
 
             // 2. The indexer's positions -> slot ids of this layer's cache.
             let cache = cache_view(&self.caches[l], self.layout, self.kv_scale.as_ref());

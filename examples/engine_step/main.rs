@@ -15,8 +15,9 @@
 //! decode step does, for every layer, what the attention backend of a DSA model
 //! (DeepSeek-V3.2, GLM-5) does:
 //!
-//! 1. `append_kv`: the new token's 576-wide latent row into the layer's cache, through the
-//!    slot mapping (the slot the block allocator gave each request's next position);
+//! 1. `append_kv_split`: the new token's 576-wide row into the layer's cache, from its latent
+//!    and RoPE parts (`kv_c`, `k_pe`), through the slot mapping (the slot the block allocator
+//!    gave each request's next position);
 //! 2. `gather_slots`: the indexer's top-2048 request-logical positions (fewer for shorter
 //!    requests, `topk_len`) to global slot ids of that cache;
 //! 3. `sparse_decode` over those slot ids: GLM-5's attention;

@@ -7,7 +7,10 @@ use std::sync::Arc;
 use mla_decode::cudarc::driver::{CudaSlice, CudaStream};
 use mla_decode::half::{bf16, f16};
 use mla_decode::reference::{fault_code, Fault};
-use mla_decode::{append_kv, AppendArgs, DType, ErrorFlag, KvCacheMut, HEAD_DIM};
+use mla_decode::{
+    append_kv, append_kv_split, AppendArgs, AppendSplitArgs, CacheLayout, DType, ErrorFlag,
+    KvCacheMut, KvFormat, ScaleRule, BLOCK_SIZES, HEAD_DIM, LATENT_DIM, ROPE_DIM,
+};
 
 use crate::kit::*;
 
@@ -171,6 +174,190 @@ fn sanitize_append_kv() {
     let mut rng = rng_for("sanitize_append_kv");
     check_append::<bf16>("sanitize append bf16", &mut rng, &stream, 4, 16, 20, 0);
     check_append::<f16>("sanitize append f16", &mut rng, &stream, 3, 32, 9, 0);
+}
+
+/// `append_kv_split` writes the same bytes as `append_kv` of the concatenated rows in every
+/// cache format (16-bit caches of the rows' dtype, fp8_ds_mla with both scale rules,
+/// per-tensor fp8), from separate tensors with their own strides and from views into one
+/// `[n, 576]` tensor (vLLM's `kv_c` / `k_pe` slices), for one row and for many.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn append_kv_split_matches_packed() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("append_kv_split_matches_packed");
+    let kinds = [
+        (KvFormat::Bf16, None, DType::Bf16),
+        (KvFormat::F16, None, DType::F16),
+        (KvFormat::Fp8DsMla, Some(ScaleRule::Raw), DType::Bf16),
+        (KvFormat::Fp8DsMla, Some(ScaleRule::Pow2), DType::F16),
+        (KvFormat::Fp8DsMla, Some(ScaleRule::Raw), DType::F16),
+        (KvFormat::Fp8PerTensor, None, DType::Bf16),
+        (KvFormat::Fp8PerTensor, None, DType::F16),
+    ];
+    for (format, rule, dtype) in kinds {
+        for n in [1, rng.range(2, 300)] {
+            for views in [false, true] {
+                let label = format!("split append {format} {rule:?} {dtype} n {n} views {views}");
+                with_dtype!(dtype, T => check_split::<T>(&label, &mut rng, &stream, format, rule, n, views));
+            }
+        }
+    }
+}
+
+fn check_split<T: Half>(
+    label: &str,
+    rng: &mut Rng,
+    stream: &Arc<CudaStream>,
+    format: KvFormat,
+    rule: Option<ScaleRule>,
+    n: usize,
+    views: bool,
+) {
+    let block_size = rng.pick(&BLOCK_SIZES);
+    let num_blocks = rng.range(2, 12).max(n.div_ceil(block_size) + 1);
+    let layout = CacheLayout {
+        format,
+        block_size,
+        num_blocks,
+        block_stride_bytes: block_size * format.row_bytes() + 16 * rng.below(2),
+    };
+    let init: Vec<u8> = (0..num_blocks * layout.block_stride_bytes)
+        .map(|_| rng.below(256) as u8)
+        .collect();
+    let (mut packed_cache, mut split_cache) = (
+        stream.clone_htod(&init).unwrap(),
+        stream.clone_htod(&init).unwrap(),
+    );
+    let scale = stream.clone_htod(&[0.0123f32]).unwrap();
+    let stride = HEAD_DIM + 8 * rng.below(3);
+    let mut kv = vec![T::nan(); (n - 1) * stride + HEAD_DIM];
+    for i in 0..n {
+        let mag = 2f64.powi(rng.range(0, 12) as i32 - 6);
+        for v in &mut kv[i * stride..][..HEAD_DIM] {
+            *v = T::from_f64((2.0 * rng.unit() - 1.0) * mag);
+        }
+    }
+    let slots: Vec<i64> = rng
+        .sample(num_blocks * block_size, n)
+        .into_iter()
+        .map(|s| {
+            if n > 1 && rng.below(7) == 0 {
+                -1
+            } else {
+                s as i64
+            }
+        })
+        .collect();
+    let slots_dev = stream.clone_htod(&slots).unwrap();
+    let kv_dev = stream.clone_htod(&kv).unwrap();
+    let mut flag = ErrorFlag::new(stream).unwrap();
+    let cache_of = |c| {
+        let kc = KvCacheMut::new(c, layout);
+        if format == KvFormat::Fp8PerTensor {
+            kc.with_scale(&scale)
+        } else {
+            kc
+        }
+    };
+    let packed = AppendArgs {
+        kv: &kv_dev,
+        kv_token_stride: stride,
+        slot_mapping: &slots_dev,
+        num_tokens: n,
+        scale_rule: rule,
+    };
+    append_kv(
+        stream,
+        &packed,
+        &mut cache_of(&mut packed_cache),
+        Some(&mut flag),
+    )
+    .unwrap();
+
+    // the two parts: views into the packed rows, or copies with strides of their own
+    let (ns, rs) = (LATENT_DIM + 8 * rng.below(3), ROPE_DIM + 8 * rng.below(3));
+    let mut nope = vec![T::nan(); (n - 1) * ns + LATENT_DIM];
+    let mut rope = vec![T::nan(); (n - 1) * rs + ROPE_DIM];
+    for i in 0..n {
+        nope[i * ns..][..LATENT_DIM].copy_from_slice(&kv[i * stride..][..LATENT_DIM]);
+        rope[i * rs..][..ROPE_DIM].copy_from_slice(&kv[i * stride + LATENT_DIM..][..ROPE_DIM]);
+    }
+    let (nope_dev, rope_dev) = (
+        stream.clone_htod(&nope).unwrap(),
+        stream.clone_htod(&rope).unwrap(),
+    );
+    let rope_view = kv_dev.slice(LATENT_DIM..);
+    let split = if views {
+        AppendSplitArgs {
+            kv_nope: &kv_dev,
+            kv_nope_token_stride: stride,
+            kv_rope: &rope_view,
+            kv_rope_token_stride: stride,
+            slot_mapping: &slots_dev,
+            num_tokens: n,
+            scale_rule: rule,
+        }
+    } else {
+        AppendSplitArgs {
+            kv_nope: &nope_dev,
+            kv_nope_token_stride: ns,
+            kv_rope: &rope_dev,
+            kv_rope_token_stride: rs,
+            slot_mapping: &slots_dev,
+            num_tokens: n,
+            scale_rule: rule,
+        }
+    };
+    append_kv_split(
+        stream,
+        &split,
+        &mut cache_of(&mut split_cache),
+        Some(&mut flag),
+    )
+    .unwrap();
+    check_flag(label, flag.read(stream).unwrap(), &[]);
+    let (want, got) = (
+        stream.clone_dtoh(&packed_cache).unwrap(),
+        stream.clone_dtoh(&split_cache).unwrap(),
+    );
+    assert_ne!(want, init, "{label}: the packed append wrote nothing");
+    if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
+        let (blk, within) = (i / layout.block_stride_bytes, i % layout.block_stride_bytes);
+        panic!(
+            "{label}: cache byte {i} (block {blk}, row {}, byte {}) is {:#04x}, the packed append's {:#04x}",
+            within / format.row_bytes(),
+            within % format.row_bytes(),
+            got[i],
+            want[i]
+        );
+    }
+}
+
+/// The split append on a small cache: the memcheck/racecheck case.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sanitize_append_kv_split() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("sanitize_append_kv_split");
+    check_split::<bf16>(
+        "sanitize split bf16",
+        &mut rng,
+        &stream,
+        KvFormat::Bf16,
+        None,
+        9,
+        false,
+    );
+    let ds = (KvFormat::Fp8DsMla, Some(ScaleRule::Raw));
+    check_split::<f16>(
+        "sanitize split ds_mla",
+        &mut rng,
+        &stream,
+        ds.0,
+        ds.1,
+        5,
+        true,
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 //! The host checks of `append_kv` and `gather_slots`.
 
-use mla_decode::{validate, ScaleRule, HEAD_DIM, MAX_GATHER_TOKENS};
+use mla_decode::validate::{AppendCall, AppendSplitCall, Buf};
+use mla_decode::{validate, ScaleRule, HEAD_DIM, LATENT_DIM, MAX_GATHER_TOKENS, ROPE_DIM};
 
 use super::{append, expect, gather};
 
@@ -59,6 +60,67 @@ fn append_errors() {
     c.slot_mapping.bytes = 0;
     c.kv.bytes = 0;
     assert_eq!(validate::append(&c), Ok(()));
+}
+
+/// A split append of 5 rows: the latent part in `kv` (`[5, 512]`), the RoPE part apart.
+fn split() -> AppendSplitCall {
+    let base = append();
+    AppendSplitCall {
+        rows: AppendCall {
+            kv: Buf {
+                bytes: 5 * LATENT_DIM * 2,
+                ..base.kv
+            },
+            kv_token_stride: LATENT_DIM,
+            ..base
+        },
+        kv_rope: Buf {
+            addr: base.kv.addr + 0x0100_0000,
+            bytes: 5 * ROPE_DIM * 2,
+            device: 0,
+        },
+        kv_rope_token_stride: ROPE_DIM,
+    }
+}
+
+#[test]
+fn append_split_errors() {
+    assert_eq!(validate::append_split(&split()), Ok(()));
+    // the errors name AppendSplitArgs' fields
+    let mut c = split();
+    c.rows.kv.bytes -= 2;
+    expect(validate::append_split(&c), "kv_nope", "needs");
+    let mut c = split();
+    c.rows.kv_token_stride = 500;
+    expect(validate::append_split(&c), "kv_nope_token_stride", "512");
+    let mut c = split();
+    c.kv_rope.addr += 4;
+    expect(validate::append_split(&c), "kv_rope", "aligned");
+    let mut c = split();
+    c.kv_rope.bytes -= 2;
+    expect(validate::append_split(&c), "kv_rope", "needs");
+    let mut c = split();
+    c.kv_rope_token_stride = 68;
+    c.kv_rope.bytes *= 2;
+    expect(
+        validate::append_split(&c),
+        "kv_rope_token_stride",
+        "16 bytes",
+    );
+    let mut c = split();
+    c.kv_rope.device = 1;
+    expect(validate::append_split(&c), "kv_rope", "device");
+    // both parts as views into one [5, 576] tensor
+    let mut c = split();
+    c.rows.kv_token_stride = HEAD_DIM;
+    c.rows.kv.bytes = 5 * HEAD_DIM * 2;
+    c.kv_rope = Buf {
+        addr: c.rows.kv.addr + LATENT_DIM as u64 * 2,
+        bytes: 5 * HEAD_DIM * 2 - LATENT_DIM * 2,
+        device: 0,
+    };
+    c.kv_rope_token_stride = HEAD_DIM;
+    assert_eq!(validate::append_split(&c), Ok(()));
 }
 
 #[test]
