@@ -95,13 +95,16 @@ extern "C" mla_status_t mla_append_kv(const mla_append_params_t* p, void* stream
     MLA_CHECK(p->kv_cache != nullptr, "kv_cache: NULL");
     const bool split = p->kv_rope != nullptr;
     const int64_t nope_min = split ? kLatentDim : kHeadDim;
-    MLA_CHECK(p->num_tokens == 1 || (p->kv_token_stride >= nope_min && p->kv_token_stride % 8 == 0),
-              "kv_token_stride: %lld, must be >= %lld and keep rows 16-byte aligned",
+    MLA_CHECK(p->num_tokens == 1 || (p->kv_token_stride >= nope_min && p->kv_token_stride <= INT64_MAX / 2 &&
+                                     p->kv_token_stride % 8 == 0),
+              "kv_token_stride: %lld, must be in %lld..=INT64_MAX/2 and keep rows 16-byte aligned",
               static_cast<long long>(p->kv_token_stride), static_cast<long long>(nope_min));
     MLA_CHECK((reinterpret_cast<uintptr_t>(p->kv) & 15) == 0, "kv: not 16-byte aligned");
     MLA_CHECK(!split || (reinterpret_cast<uintptr_t>(p->kv_rope) & 15) == 0, "kv_rope: not 16-byte aligned");
-    MLA_CHECK(!split || p->num_tokens == 1 || (p->kv_rope_token_stride >= MLA_ROPE_DIM && p->kv_rope_token_stride % 8 == 0),
-              "kv_rope_token_stride: %lld, must be >= 64 and keep rows 16-byte aligned",
+    MLA_CHECK(!split || p->num_tokens == 1 ||
+                  (p->kv_rope_token_stride >= MLA_ROPE_DIM && p->kv_rope_token_stride <= INT64_MAX / 2 &&
+                   p->kv_rope_token_stride % 8 == 0),
+              "kv_rope_token_stride: %lld, must be in 64..=INT64_MAX/2 and keep rows 16-byte aligned",
               static_cast<long long>(p->kv_rope_token_stride));
     // element strides of the two parts (a single row's strides are never used)
     const int64_t nope_ts = p->num_tokens == 1 ? kHeadDim : p->kv_token_stride;

@@ -13,9 +13,9 @@
  *     ends in _bytes. The last dimension of every tensor is contiguous. The stride of a
  *     dimension of size 1 is never used, so it is never checked (torch gives such strides
  *     arbitrary values).
- *   - Alignment: q_nope, q_rope, out, kv_cache, workspace and the append's kv source must be
- *     16-byte aligned, and so must every q/out token and head stride and the append's
- *     kv_rope, kv_token_stride and kv_rope_token_stride times the element size (rows are moved 16 bytes at a time);
+ *   - Alignment: q_nope, q_rope, out, kv_cache, workspace and the append's sources (kv,
+ *     kv_rope) must be 16-byte aligned, and so must every q/out token and head stride and
+ *     the append's kv_token_stride and kv_rope_token_stride times the element size (rows are moved 16 bytes at a time);
  *     block_stride_bytes is a multiple of 16. lse needs only a float's 4-byte alignment.
  *   - No call allocates device memory or synchronizes the host: every call can be captured
  *     in a CUDA graph. Buffers the kernels write (out, lse, workspace, error_flag) need no
@@ -370,7 +370,8 @@ mla_status_t mla_sparse_decode(const mla_schedule_t* s, const mla_sparse_params_
  * NaN), the 64 rope values are stored as bf16 (f16 input rounded to nearest even).
  * Per-tensor fp8: every value is x / *kv_scale, converted the same way. */
 typedef struct {
-    const void* kv;              /* [num_tokens, kv_token_stride] in dtype */
+    const void* kv;              /* [num_tokens, kv_token_stride] in dtype: whole rows, or
+                                    their 512 latent values when kv_rope is set */
     int64_t kv_token_stride;     /* >= 576 (>= 512 with kv_rope), times the element size a
                                     multiple of 16 (unused when num_tokens == 1) */
     mla_dtype_t dtype;
@@ -384,7 +385,9 @@ typedef struct {
     int32_t num_blocks;
     int32_t block_size;
     uint32_t* error_flag;        /* may be NULL */
-    /* Since ABI 4; zero (NULL) keeps the packed rows. */
+    /* Since ABI 4 (a caller built against an older header passes a shorter struct and
+     * must be rebuilt: compare mla_abi_version() / mla_struct_size() at load time).
+     * NULL keeps the packed rows. */
     const void* kv_rope;         /* NULL, or [num_tokens, kv_rope_token_stride] in dtype, 16-byte aligned */
     int64_t kv_rope_token_stride; /* with kv_rope: >= 64, times the element size a multiple of 16
                                      (unused when num_tokens == 1) */

@@ -107,8 +107,8 @@
 //!     Ok(())
 //! }
 //! ```
-//! [`sparse_decode`], [`append_kv`], [`gather_slots`] and [`capture_graph`] have examples
-//! of their own.
+//! [`sparse_decode`], [`append_kv`], [`append_kv_split`], [`gather_slots`] and
+//! [`capture_graph`] have examples of their own.
 //!
 //! ## Modules
 //! - [`ffi`]: the raw C ABI (`csrc/mla_decode.h`), for use from anything that has device
@@ -118,7 +118,7 @@
 //! - [`reference`](mod@reference): f64 reference implementations the tests compare against;
 //! - everything else is re-exported here: errors, types and constants, [`MlaConfig`],
 //!   device helpers, buffers and views, [`DecodePlan`], [`dense_decode`], [`sparse_decode`],
-//!   [`append_kv`], [`gather_slots`], [`capture_graph`].
+//!   [`append_kv`], [`append_kv_split`], [`gather_slots`], [`capture_graph`].
 #![warn(missing_docs)]
 
 pub mod ffi;

@@ -598,3 +598,56 @@ fn gpu_schedule_kind_is_checked() {
         "{err:?}"
     );
 }
+
+/// The C append's checks of the split sources, called raw (the safe layer rejects all of
+/// these first, so only a raw-FFI caller meets the C messages): each names its field, and
+/// nothing is launched.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn raw_append_split_checks() {
+    let stream = stream();
+    stream.context().bind_to_thread().unwrap();
+    // fake, aligned device addresses: every case fails a host check before any launch
+    let base = ffi::mla_append_params_t {
+        kv: 0x1000_0000 as *const _,
+        kv_token_stride: LATENT_DIM as i64,
+        dtype: ffi::mla_dtype_t::MLA_DTYPE_BF16,
+        num_tokens: 2,
+        slot_mapping: 0x2000_0000 as *const i64,
+        kv_cache: 0x3000_0000 as *mut _,
+        kv_format: ffi::mla_kv_format_t::MLA_KV_BF16,
+        kv_scale: std::ptr::null(),
+        scale_rule: ffi::mla_scale_rule_t::MLA_SCALE_RAW,
+        block_stride_bytes: 16 * 1152,
+        num_blocks: 4,
+        block_size: 16,
+        error_flag: std::ptr::null_mut(),
+        kv_rope: 0x4000_0000 as *const _,
+        kv_rope_token_stride: ROPE_DIM as i64,
+    };
+    type Case = (&'static str, fn(&mut ffi::mla_append_params_t));
+    let cases: [Case; 6] = [
+        ("kv_rope: not 16-byte aligned", |p| {
+            p.kv_rope = 0x4000_0004 as *const _
+        }),
+        ("kv_rope_token_stride", |p| p.kv_rope_token_stride = 60),
+        ("kv_rope_token_stride", |p| p.kv_rope_token_stride = 68),
+        ("kv_rope_token_stride", |p| {
+            p.kv_rope_token_stride = i64::MAX - 7
+        }),
+        ("kv_token_stride", |p| p.kv_token_stride = 504),
+        // without kv_rope the rows are whole: 512 is too short
+        ("kv_token_stride", |p| p.kv_rope = std::ptr::null()),
+    ];
+    for (want, f) in cases {
+        let mut p = base;
+        f(&mut p);
+        // SAFETY: a valid pointer to a local struct; the call rejects it on the host.
+        let st = unsafe { ffi::mla_append_kv(&p, stream.cu_stream() as *mut _) };
+        let err = status_to_result("mla_append_kv", st.0);
+        assert!(
+            matches!(&err, Err(Error::Rejected { reason, .. }) if reason.contains(want)),
+            "{want}: {err:?}"
+        );
+    }
+}
