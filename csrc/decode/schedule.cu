@@ -144,11 +144,17 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     // for fp8 rows (their 4-warp small steps measured 0.5-1 us slower); 16-bit steps whose CTAs
     // stream two tiles take 4 warps, one CTA per SM (log #69: 0.4-1.1 us less in graph replay
     // on b=1..8; the 4-warp CTAs leave registers for the combine's CTAs beside them, and two of
-    // them on one SM while others idle lost).
+    // them on one SM while others idle lost). 16-bit parts of one tile take 4 warps too where
+    // the tiles have 16 query rows and a request at most 64 (log #105: t=1 h=10-64 top-256..2048,
+    // b=1-2 h=16 l=1024-2048, b=1 q=2 h=8 and q=4 h=4: 3-8 % less in graph replay on the H200
+    // and the H100, both occupancies); at 128 query rows it measured mixed (sparse t=1 top-256
+    // +2.5 %, dense b=1 l=256 -3.4 %), the 8-row ones (h <= 8, q_len 1) even (-1.4...+2.8 %):
+    // both keep 8, as do fp8 rows (4 warps: 8-28 % slower).
     const bool small = max_tiles <= 2LL * sm_count;
     const bool fp8 = fmt == MLA_KV_FP8_DS_MLA || fmt == MLA_KV_FP8;
     const bool one_tile_parts = max_tiles <= (fp8 ? sm_count : sm_count / 2);
-    const bool small_4warps = small && !fp8 && !one_tile_parts && all_tiles > 2;
+    const bool rows16_4warps = block_m == 16 && m_rows <= 64;
+    const bool small_4warps = small && !fp8 && (!one_tile_parts || rows16_4warps) && all_tiles > 2;
     int warps = block_m == 32 || (small && !small_4warps) ? 8 : 4;
     if (tune.warps != 0) warps = tune.warps;
     // Medium steps (at most four tiles per SM, i.e. two per CTA slot at two CTAs per SM): one
