@@ -95,15 +95,16 @@ extern "C" mla_status_t mla_append_kv(const mla_append_params_t* p, void* stream
     MLA_CHECK(p->kv_cache != nullptr, "kv_cache: NULL");
     const bool split = p->kv_rope != nullptr;
     const int64_t nope_min = split ? kLatentDim : kHeadDim;
-    MLA_CHECK(p->num_tokens == 1 || (p->kv_token_stride >= nope_min && p->kv_token_stride <= INT64_MAX / 2 &&
-                                     p->kv_token_stride % 8 == 0),
+    // a source's token stride: unused for one row, else >= its width, rows 16-byte aligned
+    auto rows_ok = [&](int64_t stride, int64_t width) {
+        return p->num_tokens == 1 || (stride >= width && stride <= INT64_MAX / 2 && stride16(stride));
+    };
+    MLA_CHECK(rows_ok(p->kv_token_stride, nope_min),
               "kv_token_stride: %lld, must be in %lld..=INT64_MAX/2 and keep rows 16-byte aligned",
               static_cast<long long>(p->kv_token_stride), static_cast<long long>(nope_min));
-    MLA_CHECK((reinterpret_cast<uintptr_t>(p->kv) & 15) == 0, "kv: not 16-byte aligned");
-    MLA_CHECK(!split || (reinterpret_cast<uintptr_t>(p->kv_rope) & 15) == 0, "kv_rope: not 16-byte aligned");
-    MLA_CHECK(!split || p->num_tokens == 1 ||
-                  (p->kv_rope_token_stride >= MLA_ROPE_DIM && p->kv_rope_token_stride <= INT64_MAX / 2 &&
-                   p->kv_rope_token_stride % 8 == 0),
+    MLA_CHECK(aligned16(p->kv), "kv: not 16-byte aligned");
+    MLA_CHECK(!split || aligned16(p->kv_rope), "kv_rope: not 16-byte aligned");
+    MLA_CHECK(!split || rows_ok(p->kv_rope_token_stride, MLA_ROPE_DIM),
               "kv_rope_token_stride: %lld, must be in 64..=INT64_MAX/2 and keep rows 16-byte aligned",
               static_cast<long long>(p->kv_rope_token_stride));
     // element strides of the two parts (a single row's strides are never used)
@@ -111,7 +112,7 @@ extern "C" mla_status_t mla_append_kv(const mla_append_params_t* p, void* stream
     const int64_t rope_ts = !split ? nope_ts : p->num_tokens == 1 ? MLA_ROPE_DIM : p->kv_rope_token_stride;
     const uint8_t* rope = split ? static_cast<const uint8_t*>(p->kv_rope)
                                 : static_cast<const uint8_t*>(p->kv) + kLatentDim * 2;
-    MLA_CHECK((reinterpret_cast<uintptr_t>(p->kv_cache) & 15) == 0, "kv_cache: not 16-byte aligned");
+    MLA_CHECK(aligned16(p->kv_cache), "kv_cache: not 16-byte aligned");
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     if (f == MLA_KV_F16 || f == MLA_KV_BF16) {
         append_kernel<<<static_cast<unsigned>((static_cast<int64_t>(p->num_tokens) + 7) / 8), 256, 0, st>>>(

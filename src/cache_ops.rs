@@ -172,9 +172,9 @@ fn append<T: Element>(
     error_flag: Option<&mut ErrorFlag>,
 ) -> Result<()> {
     let (kv_view, slots_view) = (buffer::view_of(args.kv), buffer::view_of(args.slot_mapping));
-    let rope_view = args.rope.map(|(r, _)| buffer::view_of(r));
+    let rope_view = args.rope.map(|(r, stride)| (buffer::view_of(r), stride));
     let kv = buffer::read(&kv_view, stream);
-    let rope = rope_view.as_ref().map(|v| buffer::read(v, stream));
+    let rope = (rope_view.as_ref()).map(|(v, stride)| (buffer::read(v, stream), *stride));
     let slots = buffer::read(&slots_view, stream);
     let cache = kv_cache.bind(stream);
     let (flag, flag_buf, _g_flag) = bind_flag(error_flag, stream);
@@ -189,13 +189,12 @@ fn append<T: Element>(
         kv_cache: cache.desc,
         error_flag: flag_buf,
     };
-    let rope_stride = args.rope.map_or(0, |(_, s)| s);
     match &rope {
         None => validate::append(&call)?,
-        Some(r) => validate::append_split(&validate::AppendSplitCall {
+        Some((r, stride)) => validate::append_split(&validate::AppendSplitCall {
             rows: call,
             kv_rope: r.buf,
-            kv_rope_token_stride: rope_stride,
+            kv_rope_token_stride: *stride,
         })?,
     }
     if args.num_tokens == 0 {
@@ -224,10 +223,8 @@ fn append<T: Element>(
                 num_blocks: cache.desc.num_blocks as i32,
                 block_size: cache.desc.block_size as i32,
                 error_flag: flag as *mut u32,
-                kv_rope: rope
-                    .as_ref()
-                    .map_or(std::ptr::null(), |r| r.addr as *const c_void),
-                kv_rope_token_stride: rope_stride as i64,
+                kv_rope: (rope.as_ref()).map_or(std::ptr::null(), |(r, _)| r.addr as *const c_void),
+                kv_rope_token_stride: rope.as_ref().map_or(0, |(_, stride)| *stride as i64),
             },
             stream.cu_stream() as *mut c_void,
         )

@@ -17,6 +17,11 @@ mla_status_t fail(mla_status_t status, const char* fmt, ...) __attribute__((form
 // device, else MLA_STATUS_CUDA_ERROR with mla_last_cuda_error() = e.
 mla_status_t cuda_fail(cudaError_t e, const char* what);
 
+// The host checks' alignment tests: a 16-byte aligned address, and an element stride of
+// 16-bit values that keeps rows 16-byte aligned (no multiplication: no overflow).
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+inline bool stride16(int64_t elems) { return elems % 8 == 0; }
+
 }  // namespace mla
 
 #define MLA_CUDA_TRY(expr)                                                  \

@@ -15,8 +15,6 @@ using namespace mla;
 
 namespace {
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-bool stride16(int64_t elems) { return elems % 8 == 0; }  // 16-bit elements: 16-byte steps, no overflow
 
 // Launch with programmatic dependent launch when the schedule allows it (sm_90+): the
 // kernel may start while the previous one drains and waits in grid_dependency_wait().
