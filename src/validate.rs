@@ -491,8 +491,13 @@ fn rows(r: &Rows, need: Need, tokens: usize, heads: usize, device: usize) -> Res
             return Err(err(format!("made for {h} heads, the plan has {heads}")));
         }
     }
-    for (name, s) in [("token", r.token_stride), ("head", r.head_stride)] {
-        if s > I64_MAX / elem {
+    // A dimension of size 1 never uses its stride (C ignores it too, and the call passes it
+    // on as it is); the others must fit an i64 in bytes.
+    for (name, s, n) in [
+        ("token", r.token_stride, tokens),
+        ("head", r.head_stride, heads),
+    ] {
+        if n > 1 && s > I64_MAX / elem {
             return Err(err(format!("{name} stride {s} too large")));
         }
     }
@@ -1763,6 +1768,27 @@ mod tests {
         let mut c = dense_call();
         c.kv_cache = cache_of(KvFormat::Fp8DsMla);
         rejects(DENSE_ARGS, dense(&c), "kv_cache", "fp8 cache, bf16 plan");
+    }
+
+    #[test]
+    fn size_one_dimensions_ignore_their_strides() {
+        // One token and one head: neither stride is used, whatever its value (as in C).
+        let r = Rows {
+            buf: buf(1, HEAD_DIM * 2),
+            token_stride: usize::MAX,
+            head_stride: usize::MAX - 7,
+            num_heads: None,
+        };
+        let need = Need::input("q", HEAD_DIM, 2);
+        assert_eq!(super::rows(&r, need, 1, 1, 0), Ok(()));
+        let out = Need {
+            output: true,
+            ..need
+        };
+        assert_eq!(super::rows(&r, out, 1, 1, 0), Ok(()));
+        // Two heads use the head stride: too large for an i64 in bytes.
+        rejects(&["q"], super::rows(&r, need, 1, 2, 0), "q", "two heads");
+        rejects(&["q"], super::rows(&r, need, 2, 1, 0), "q", "two tokens");
     }
 
     #[test]
