@@ -10,7 +10,8 @@
 //! out of L2 (the KV cache rotated over copies spanning ≥ 4× L2, or a memset flush before
 //! each run: `common::gpu::FlushMode`), random inputs; a dense or sparse step is one decode
 //! call (decode + combine; the split is derived from the lengths inside the call), the gather
-//! has its own row; small cases also report CUDA-graph replay. See `USAGE` for the details.
+//! and the append have their own rows; small cases also report CUDA-graph replay. See `USAGE`
+//! for the details.
 
 mod common;
 
@@ -48,6 +49,12 @@ usage: cargo bench --bench decode -- [OPTIONS]
                                   dtype; the JSON names it in kv_format and scale_rule)
                                 gather:t=128,k=2048[,l=65536][,bs=64]
                                   (the index gather alone)
+                                append:t=128[,kv=KV][,dtype=bf16][,bs=64][,pool=P]
+                                  (append_kv alone: t new rows of dtype to t distinct
+                                  random slots of a cache of P slots, default
+                                  max(65536, t), P >= t; kv as above, default the
+                                  dtype's own; --check compares the written rows
+                                  byte for byte with the reference quantizer)
   --filter SUBSTR             keep the rows whose name contains SUBSTR
   --sm120-occupancy on|off|both
                               run plans padded to sm_120's occupancy (rows named
@@ -62,8 +69,9 @@ usage: cargo bench --bench decode -- [OPTIONS]
                                   cache (the sparse slot pool) and run i reads copy
                                   i mod R, R = ceil(4 x L2 / bytes of the cache rows one
                                   step reads) + 1, no flush; a case that would need more
-                                  than 256 copies or 8 GiB of them, and the gather (no
-                                  cache), get the memset (the L2 column says which)
+                                  than 256 copies or 8 GiB of them, the gather (no
+                                  cache) and the append (which writes its cache) get
+                                  the memset (the L2 column says which)
                                 memset: a memset of max(2 x L2, 256 MiB) before each run,
                                   outside the events (Triton's do_bench; it leaves L2
                                   dirty, which costs large cases a few µs of write-back)
@@ -74,7 +82,8 @@ usage: cargo bench --bench decode -- [OPTIONS]
 Times are medians of CUDA-event timings, inputs kept out of L2 as --flush says (the JSON
 names the mode in \"l2\", and each row's own \"l2\" and \"copies\"; the table's L2 column:
 \"rot R\" or \"memset\"). GB/s counts the cache rows the step reads (the sum of the lengths;
-sparse: of the topk_len) x the format's row bytes (1152; fp8_ds_mla 656, fp8 576) + q + out (+ ids read x 4 and topk_len for sparse); % copy
+sparse: of the topk_len) x the format's row bytes (1152; fp8_ds_mla 656, fp8 576) + q + out (+ ids read x 4 and topk_len for sparse);
+the append's: rows read (576 x 2 bytes) + slot ids (8) + rows written (the row bytes); % copy
 compares it with a 1 GiB device-to-device copy; TFLOP/s counts 2 x (576 + 512) per (query
 row, head, cache row it sees: causal, row i of q rows sees L - q + 1 + i). The JSON's
 \"lens\" spells the lengths: L*B, uniform:LO-HI or A*N+B*M.
@@ -290,7 +299,8 @@ fn run_case(
         if let Some(e) = timing.graph_error {
             println!("  (no graph time: {e})");
         }
-        if gpu.flush_mode == FlushMode::Rotate && row.meta.kind != "gather" {
+        // the gather and the append have no cache to rotate: the memset is their rule
+        if gpu.flush_mode == FlushMode::Rotate && w.cache_bytes().is_some() {
             if let Err(why) = cold_l2_for(gpu, w.as_ref()) {
                 println!("  (memset flush instead: {why})");
             }
@@ -307,8 +317,8 @@ fn cold_l2_line(gpu: &Gpu) -> String {
         FlushMode::Memset => format!("L2 flushed ({memset}) before each"),
         FlushMode::Rotate => format!(
             "cold L2: KV cache rotated over R copies per case (R x cache rows read >= \
-             {ROTATE_L2_FACTOR}x the {} MiB L2); the gather, and cases that would need more \
-             than {ROTATE_MAX_COPIES} copies or {} GiB of them: a {memset} before each",
+             {ROTATE_L2_FACTOR}x the {} MiB L2); the gather, the append, and cases that would \
+             need more than {ROTATE_MAX_COPIES} copies or {} GiB of them: a {memset} before each",
             gpu.info.l2_cache_bytes >> 20,
             ROTATE_MAX_BYTES >> 30
         ),

@@ -50,8 +50,8 @@ pub const ROTATE_MAX_COPIES: usize = 256;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FlushMode {
     /// Rotate the KV cache over identical copies ([`copies_for`]); no flush. Cases
-    /// without a cache (the gather) and those whose copies would pass
-    /// [`ROTATE_MAX_COPIES`] or [`ROTATE_MAX_BYTES`] fall back to the memset.
+    /// without a cache to rotate (the gather, the append) and those whose copies would
+    /// pass [`ROTATE_MAX_COPIES`] or [`ROTATE_MAX_BYTES`] fall back to the memset.
     #[default]
     Rotate,
     /// A memset of max(2 × L2, 256 MiB) before every run (Triton's do_bench).
@@ -279,7 +279,8 @@ pub fn copies_for(l2_bytes: usize, cache: CacheBytes) -> Result<usize, String> {
 }
 
 /// How `gpu.flush_mode` keeps `w`'s inputs out of L2: `Ok(copies)` of its cache to rotate
-/// over, or `Err(why)` the memset (`memset` mode, the gather, [`copies_for`]'s limits).
+/// over, or `Err(why)` the memset (`memset` mode, the gather and the append, [`copies_for`]'s
+/// limits).
 pub fn cold_l2_for(gpu: &Gpu, w: &dyn Workload) -> Result<usize, String> {
     match (gpu.flush_mode, w.cache_bytes()) {
         (FlushMode::Memset, _) => Err("--flush memset".into()),
@@ -292,8 +293,8 @@ pub fn cold_l2_for(gpu: &Gpu, w: &dyn Workload) -> Result<usize, String> {
 
 /// Sets `w` up for `gpu.flush_mode`: in `rotate` mode gives it the copies of its cache
 /// that [`copies_for`] asks for; returns whether every run needs the memset flush instead
-/// (`memset` mode, the gather, a cache too small or too large to rotate). Run `i` must then
-/// `w.select_copy(i)` first.
+/// (`memset` mode, the gather and the append, a cache too small or too large to rotate). Run
+/// `i` must then `w.select_copy(i)` first.
 pub fn set_up_cold_l2(gpu: &Gpu, w: &mut dyn Workload) -> Res<bool> {
     let copies = cold_l2_for(gpu, w).ok();
     w.set_copies(&gpu.stream, copies)?;

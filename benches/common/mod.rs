@@ -5,7 +5,8 @@
 //! - [`kit`]: the test kit (`tests/kit/`), whose random generator ([`rng`]), tolerances and
 //!   error measures the bench shares with the tests;
 //! - [`spec`]: the case grammar (`dense:b=64,h=8,l=4096`, `dense:h=8,lens=512*15+8192*1`,
-//!   `sparse:t=128,h=8,k=2048`, `gather:t=128,k=2048`) and the default grid;
+//!   `sparse:t=128,h=8,k=2048`, `gather:t=128,k=2048`, `append:t=128,kv=fp8_ds_mla`) and the
+//!   default grid;
 //! - [`gpu`]: the device, the L2 flush, CUDA-event timing, the copy bandwidth, graph capture;
 //! - [`cases`]: the workloads (random inputs on the device, one timed step, the check);
 //! - [`check`]: sampled comparison with the f64 reference (`mla_decode::reference`);

@@ -13,6 +13,11 @@
 //!                                               scales), kv=fp8 (per-tensor); default: the
 //!                                               query's dtype (kv=bf16 / kv=f16)
 //! gather:t=128,k=2048,l=65536,bs=64             t required; k=2048, l=65536, bs=64
+//! append:t=128,dtype=bf16,kv=fp8_ds_mla,bs=64,pool=65536
+//!                                               t required (rows per call); dtype=bf16
+//!                                               (the new rows'), kv= as above (default:
+//!                                               the dtype's own), bs=64, pool=max(65536, t)
+//!                                               (cache slots, at least t)
 //! ```
 //! Lengths ([`Lens`]): `uniform:LO-HI` draws each one uniformly in `LO..=HI` (inclusive) from
 //! the case's `seed` (default 0); `A*N+B*M+...` is N of A, then M of B, and so on. With
@@ -23,8 +28,8 @@
 //! `long=N` (older spelling) is `lens=N*1+L*(b-1)`.
 //!
 //! A case's name is its canonical spelling ([`CaseSpec::name`]; it parses back to the same
-//! case): every dense key but `lens`/`seed` when not used, and the sparse and gather keys
-//! that differ from their defaults.
+//! case): every dense key but `lens`/`seed` when not used, and the sparse, gather and append
+//! keys that differ from their defaults (sparse and append always name `dtype`).
 
 use std::fmt;
 
@@ -41,8 +46,9 @@ pub const DEFAULT_TOPK: usize = 2048;
 /// Sequence length of each request of a gather case unless it names `l`.
 pub const DEFAULT_GATHER_LEN: usize = 65_536;
 
-/// The cache format of a dense or sparse case (`kv=`): the query's dtype (the default), or
-/// an fp8 format written by the reference quantizer.
+/// The cache format of a dense, sparse or append case (`kv=`): the query's dtype (the
+/// append's: its rows' dtype; the default), or an fp8 format (written by the reference
+/// quantizer, or by the append under test).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CacheKind {
     /// f16/bf16 rows of the query's dtype.
@@ -269,12 +275,34 @@ pub struct GatherSpec {
     pub block_size: usize,
 }
 
+/// The cache append alone: `tokens` new rows of `dtype` per call, quantized into a `kv`
+/// cache of `pool` slots at distinct random slots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AppendSpec {
+    pub tokens: usize,
+    /// The new rows' dtype (a 16-bit cache's too).
+    pub dtype: DType,
+    /// The cache format (`kv=`).
+    pub kv: CacheKind,
+    pub block_size: usize,
+    /// Cache slots (at least `tokens`).
+    pub pool: usize,
+}
+
+impl AppendSpec {
+    /// Cache slots unless the case names `pool`: [`DEFAULT_POOL`], or `tokens` if more.
+    pub fn default_pool(tokens: usize) -> usize {
+        DEFAULT_POOL.max(tokens)
+    }
+}
+
 /// One benchmark case.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CaseSpec {
     Dense(DenseSpec),
     Sparse(SparseSpec),
     Gather(GatherSpec),
+    Append(AppendSpec),
 }
 
 /// The cases run when no `--case` is given.
@@ -328,6 +356,8 @@ pub const DEFAULT_GRID: &[&str] = &[
     "sparse:t=128,h=128,pool=131072,kv=fp8_ds_mla",
     "sparse:t=128,h=128,pool=131072",
     "gather:t=128,k=2048",
+    "append:t=128,kv=fp8_ds_mla",
+    "append:t=4096,kv=fp8_ds_mla",
 ];
 
 /// The default grid, parsed.
@@ -354,9 +384,10 @@ impl CaseSpec {
                 seq_len: f.count("l", Some(DEFAULT_GATHER_LEN))?,
                 block_size: f.block_size()?,
             }),
+            "append" => CaseSpec::Append(f.append()?),
             _ => {
                 return Err(format!(
-                    "case `{text}`: kind must be dense, sparse or gather"
+                    "case `{text}`: kind must be dense, sparse, gather or append"
                 ))
             }
         };
@@ -384,6 +415,11 @@ impl CaseSpec {
                 "l={} is shorter than k={} (positions are drawn without repeats)",
                 g.seq_len, g.topk
             )),
+            CaseSpec::Append(a) if a.pool < a.tokens => Err(format!(
+                "pool={} has fewer slots than t={} (slots are drawn without repeats)",
+                a.pool, a.tokens
+            )),
+            CaseSpec::Append(a) => fits_i32("pool", a.pool),
             CaseSpec::Dense(d) => {
                 let (shortest, longest) = match (&d.lens, d.seq_len) {
                     (Some(lens), _) => lens.bounds(),
@@ -415,19 +451,20 @@ impl CaseSpec {
         self.to_string()
     }
 
-    /// `"dense"`, `"sparse"` or `"gather"` (the JSON `kind`).
+    /// `"dense"`, `"sparse"`, `"gather"` or `"append"` (the JSON `kind`).
     pub fn kind(&self) -> &'static str {
         match self {
             CaseSpec::Dense(_) => "dense",
             CaseSpec::Sparse(_) => "sparse",
             CaseSpec::Gather(_) => "gather",
+            CaseSpec::Append(_) => "append",
         }
     }
 
-    /// Whether the case runs a decode plan (the gather does not, so the sm_120
-    /// occupancy switch does not apply to it).
+    /// Whether the case runs a decode plan (the gather and the append do not, so the sm_120
+    /// occupancy switch does not apply to them).
     pub fn uses_plan(&self) -> bool {
-        !matches!(self, CaseSpec::Gather(_))
+        !matches!(self, CaseSpec::Gather(_) | CaseSpec::Append(_))
     }
 }
 
@@ -481,6 +518,19 @@ impl fmt::Display for CaseSpec {
                 }
                 if g.block_size != DEFAULT_BLOCK_SIZE {
                     write!(f, ",bs={}", g.block_size)?;
+                }
+                Ok(())
+            }
+            CaseSpec::Append(a) => {
+                write!(f, "append:t={},dtype={}", a.tokens, a.dtype)?;
+                if a.pool != AppendSpec::default_pool(a.tokens) {
+                    write!(f, ",pool={}", a.pool)?;
+                }
+                if a.block_size != DEFAULT_BLOCK_SIZE {
+                    write!(f, ",bs={}", a.block_size)?;
+                }
+                if let Some(kv) = a.kv.key() {
+                    write!(f, ",kv={kv}")?;
                 }
                 Ok(())
             }
@@ -662,6 +712,18 @@ impl<'a> Fields<'a> {
         })
     }
 
+    fn append(&mut self) -> Result<AppendSpec, String> {
+        let tokens = self.count("t", None)?;
+        let dtype = self.dtype()?;
+        Ok(AppendSpec {
+            tokens,
+            dtype,
+            kv: self.kv(dtype)?,
+            block_size: self.block_size()?,
+            pool: self.count("pool", Some(AppendSpec::default_pool(tokens)))?,
+        })
+    }
+
     fn block_size(&mut self) -> Result<usize, String> {
         let bs = self.count("bs", Some(DEFAULT_BLOCK_SIZE))?;
         if BLOCK_SIZES.contains(&bs) {
@@ -679,7 +741,8 @@ impl<'a> Fields<'a> {
         }
     }
 
-    /// `kv=`: the query's dtype by default (and when named), or an fp8 format.
+    /// `kv=`: the query's (append: the rows') dtype by default (and when named), or an fp8
+    /// format.
     fn kv(&mut self, dtype: DType) -> Result<CacheKind, String> {
         match self.take("kv") {
             None => Ok(CacheKind::Query),
@@ -699,5 +762,128 @@ impl<'a> Fields<'a> {
             None => Ok(()),
             Some((k, _)) => Err(self.err(format!("unknown key `{k}`"))),
         }
+    }
+}
+
+/// The append grammar's CPU tests. The bench (`harness = false`) does not run tests;
+/// `tests/bench_spec.rs` includes this module with the rest of `benches/common/`, so
+/// `cargo test --test bench_spec` runs these next to the other kinds' grammar tests.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn append(text: &str) -> AppendSpec {
+        match CaseSpec::parse(text) {
+            Ok(CaseSpec::Append(a)) => a,
+            other => panic!("{text}: not an append: {other:?}"),
+        }
+    }
+
+    #[track_caller]
+    fn refused(text: &str, needle: &str) {
+        match CaseSpec::parse(text) {
+            Ok(spec) => panic!("{text}: accepted as {spec:?}"),
+            Err(e) => assert!(e.contains(needle), "{text}: error `{e}` lacks `{needle}`"),
+        }
+    }
+
+    /// Defaults, the canonical name (`dtype` always, other keys when not the default), and
+    /// the grid's rows.
+    #[test]
+    fn append_defaults_and_names() {
+        let a = append("append:t=128");
+        let want = AppendSpec {
+            tokens: 128,
+            dtype: DType::Bf16,
+            kv: CacheKind::Query,
+            block_size: DEFAULT_BLOCK_SIZE,
+            pool: DEFAULT_POOL,
+        };
+        assert_eq!(a, want);
+        let spec = CaseSpec::Append(a);
+        assert_eq!(spec.name(), "append:t=128,dtype=bf16");
+        assert_eq!((spec.kind(), spec.uses_plan()), ("append", false));
+        assert_eq!(
+            append("append:t=128,kv=bf16,dtype=bf16,bs=64,pool=65536"),
+            a
+        );
+        for (text, name) in [
+            (
+                "append:t=128,kv=fp8_ds_mla",
+                "append:t=128,dtype=bf16,kv=fp8_ds_mla",
+            ),
+            (
+                "append:t=4096,kv=fp8_ds_mla",
+                "append:t=4096,dtype=bf16,kv=fp8_ds_mla",
+            ),
+            ("append:t=8,dtype=f16,kv=f16", "append:t=8,dtype=f16"),
+            (
+                "append:t=8,kv=fp8,bs=128,pool=1000",
+                "append:t=8,dtype=bf16,pool=1000,bs=128,kv=fp8",
+            ),
+            // the default pool grows with t
+            ("append:t=100000", "append:t=100000,dtype=bf16"),
+            ("append:t=100000,pool=100000", "append:t=100000,dtype=bf16"),
+            (
+                "append:t=100000,pool=100001",
+                "append:t=100000,dtype=bf16,pool=100001",
+            ),
+        ] {
+            assert_eq!(CaseSpec::parse(text).map(|s| s.name()), Ok(name.into()));
+        }
+        for row in ["append:t=128,kv=fp8_ds_mla", "append:t=4096,kv=fp8_ds_mla"] {
+            assert!(
+                DEFAULT_GRID.contains(&row),
+                "{row} is not in the default grid"
+            );
+        }
+        assert_eq!(append("append:t=100000").pool, 100_000);
+        assert_eq!(append("append:t=5,pool=5").pool, 5);
+    }
+
+    /// Every format, dtype and block size: the name parses back to the same case.
+    #[test]
+    fn append_names_round_trip() {
+        let kinds = [
+            CacheKind::Query,
+            CacheKind::Fp8DsMla(ScaleRule::Raw),
+            CacheKind::Fp8DsMla(ScaleRule::Pow2),
+            CacheKind::Fp8,
+        ];
+        for dtype in [DType::Bf16, DType::F16] {
+            for kv in kinds {
+                for block_size in BLOCK_SIZES {
+                    for (tokens, pool) in [(1, DEFAULT_POOL), (4096, 4096), (70_000, 70_000)] {
+                        let a = AppendSpec {
+                            tokens,
+                            dtype,
+                            kv,
+                            block_size,
+                            pool,
+                        };
+                        let name = CaseSpec::Append(a).name();
+                        assert_eq!(append(&name), a, "{name}");
+                        assert_eq!(CaseSpec::parse(&name).map(|s| s.name()), Ok(name));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn append_refusals() {
+        refused("append:kv=fp8", "`t` is required");
+        refused("append:t=0", "t=0 must be at least 1");
+        refused("append:t=8,pool=7", "pool=7 has fewer slots than t=8");
+        refused("append:t=100000,pool=65536", "fewer slots than t=100000");
+        refused("append:t=8,pool=3000000000", "does not fit int32");
+        // a 16-bit cache holds the rows' own dtype
+        refused("append:t=8,dtype=f16,kv=bf16", "kv=`bf16` (expected f16");
+        refused("append:t=8,kv=f16", "kv=`f16` (expected bf16");
+        refused("append:t=8,dtype=fp8", "dtype=`fp8`");
+        refused("append:t=8,bs=7", "bs=7 is not one of");
+        refused("append:t=8,h=8", "unknown key `h`");
+        refused("append:t=8,k=2048", "unknown key `k`");
+        refused("appnd:t=8", "dense, sparse, gather or append");
     }
 }

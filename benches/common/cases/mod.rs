@@ -4,7 +4,9 @@
 //!   seq_lens inside the call) per step;
 //! - sparse ([`sparse`]): one `sparse_decode` per step (with topk_len when the case gives
 //!   `klen`);
-//! - gather ([`gather`]): `gather_slots` alone.
+//! - gather ([`gather`]): `gather_slots` alone;
+//! - append ([`append`]): `append_kv` alone (t new rows into a cache of `pool` slots, in its
+//!   format; no rotated cache, no plan, checked byte for byte).
 //!
 //! Dense and sparse are one [`DecodeCase`] each, which owns what they share (the rotated
 //! cache, q/out/lse, the flag, the plan, the sampled reference) and implements [`Workload`]
@@ -24,6 +26,7 @@
 //! ([`Workload::set_copies`]) and each run reads the one [`Workload::select_copy`] picked;
 //! q, tables and indices are not copied (they are small next to the cache rows read).
 
+pub mod append;
 pub mod dense;
 pub mod gather;
 pub mod sparse;
@@ -43,6 +46,7 @@ use super::rng::Rng;
 use super::spec::{CacheKind, CaseSpec};
 use super::Res;
 
+pub use append::AppendCase;
 pub use dense::{DenseCase, DenseKind, DenseSetup};
 pub use gather::{GatherCase, GatherInputs};
 pub use sparse::{SparseCase, SparseKind, SparseSetup};
@@ -68,28 +72,29 @@ pub fn bench_softmax_scale() -> f32 {
 #[derive(Clone, Debug)]
 pub struct Meta {
     pub name: String,
-    /// `"dense"`, `"sparse"` or `"gather"`.
+    /// `"dense"`, `"sparse"`, `"gather"` or `"append"`.
     pub kind: &'static str,
-    /// None for the gather.
+    /// None for the gather; the new rows' dtype for the append.
     pub dtype: Option<DType>,
     /// The JSON's `kv_format` (`bf16`, `f16`, `fp8_ds_mla`, `fp8`); None for the gather.
     pub kv_format: Option<&'static str>,
     /// The JSON's `scale_rule` (`raw`, `pow2`, `tensor`); None for f16/bf16 and the gather.
     pub scale_rule: Option<&'static str>,
-    /// Requests (dense) or query tokens (sparse, gather).
+    /// Requests (dense), query tokens (sparse, gather) or rows appended (append).
     pub batch: usize,
     pub q_len: usize,
+    /// 0 for the gather and the append.
     pub heads: usize,
-    /// Longest sequence (dense, gather); 0 for sparse.
+    /// Longest sequence (dense, gather); 0 for sparse and the append.
     pub seq_len: usize,
-    /// Indices per token (sparse, gather); 0 for dense.
+    /// Indices per token (sparse, gather); 0 for dense and the append.
     pub topk: usize,
     /// The lengths (dense) or topk_len (sparse), as the case spells them: `4096*64`,
-    /// `uniform:1-8192`, `512*15+8192*1`; None for the gather.
+    /// `uniform:1-8192`, `512*15+8192*1`; None for the gather and the append.
     pub lens: Option<String>,
     pub block_size: usize,
     /// Bytes the step must move: cache rows read × the format's row bytes (1152, 656, 576)
-    /// + q + out (+ indices).
+    /// + q + out (+ indices); the append: rows read + slot ids + cache rows written.
     pub bytes: f64,
     /// FLOP of the step: 2·1088 per (query row, head, cache row it sees).
     pub flop: f64,
@@ -110,20 +115,21 @@ pub struct CacheBytes {
 /// One benchmark case with its device buffers.
 pub trait Workload {
     fn meta(&self) -> &Meta;
-    /// (Re)makes the decode plan for `options` (the gather has none).
+    /// (Re)makes the decode plan for `options` (the gather and the append have none).
     fn set_options(&mut self, stream: &Arc<CudaStream>, options: PlanOptions) -> Res<()>;
     /// The current plan's launch decisions.
     fn schedule(&self) -> Option<ffi::mla_schedule_t>;
     /// One timed step; allocates nothing and does not synchronize (graph-capturable).
     fn step(&mut self, stream: &Arc<CudaStream>) -> mla_decode::Result<()>;
-    /// The KV cache's bytes; None for the gather, which has none.
+    /// The KV cache's bytes to rotate; None for the gather, which has none, and the append,
+    /// which writes its cache (both keep the memset flush).
     fn cache_bytes(&self) -> Option<CacheBytes> {
         None
     }
     /// Holds `Some(n)` identical copies of the KV cache (the cache itself and `n - 1` more)
     /// for [`Workload::select_copy`] to pick from, or (None) the cache alone, for runs
-    /// flushed by the memset. Recorded in [`Meta::copies`]; the gather has no cache and
-    /// stays at None.
+    /// flushed by the memset. Recorded in [`Meta::copies`]; the gather and the append stay
+    /// at None.
     fn set_copies(&mut self, _stream: &Arc<CudaStream>, _copies: Option<usize>) -> Res<()> {
         Ok(())
     }
@@ -146,6 +152,9 @@ pub fn build(stream: &Arc<CudaStream>, spec: &CaseSpec, seed: u64) -> Res<Box<dy
             with_dtype!(s.dtype, T => Box::new(SparseCase::<T>::from_spec(stream, s, rng)?))
         }
         CaseSpec::Gather(g) => Box::new(GatherCase::from_spec(stream, g, rng)?),
+        CaseSpec::Append(a) => {
+            with_dtype!(a.dtype, T => Box::new(AppendCase::<T>::from_spec(stream, a, rng)?))
+        }
     })
 }
 
