@@ -3,6 +3,7 @@
 // into global slot ids.
 #include "common/constants.cuh"
 #include "common/fault.cuh"
+#include "common/ptx.cuh"
 #include "cache_ops/append_fp8.cuh"
 #include "common/status.cuh"
 
@@ -11,7 +12,8 @@ using namespace mla;
 namespace {
 
 // One warp per new token: 72 chunks of 16 bytes, the first 64 from the latent row, the last 8
-// from the RoPE row (packed rows: rope = nope + 1,024 bytes, the same stride).
+// from the RoPE row (packed rows: rope = nope + 1,024 bytes, the same stride). The row is read
+// before its slot is known (it is there whatever the slot), so the two loads are one round trip.
 __global__ void __launch_bounds__(256) append_kernel(const uint8_t* nope, int64_t nope_ts_bytes, const uint8_t* rope,
                                                      int64_t rope_ts_bytes, int32_t num_tokens,
                                                      const int64_t* slot_mapping, uint8_t* cache, int64_t block_stride,
@@ -19,6 +21,16 @@ __global__ void __launch_bounds__(256) append_kernel(const uint8_t* nope, int64_
     const int t = blockIdx.x * 8 + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (t >= num_tokens) return;
+    constexpr int kNopeChunks = kLatentDim * 2 / 16;
+    constexpr int kPerLane = (kRowChunks + 31) / 32;
+    const uint4* src_nope = reinterpret_cast<const uint4*>(nope + t * nope_ts_bytes);
+    const uint4* src_rope = reinterpret_cast<const uint4*>(rope + t * rope_ts_bytes);
+    uint4 v[kPerLane];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+        const int c = lane + 32 * i;
+        if (c < kRowChunks) v[i] = ld_issue_v4(c < kNopeChunks ? src_nope + c : src_rope + c - kNopeChunks);
+    }
     const int64_t slot = slot_mapping[t];
     if (slot == -1) return;
     if (slot < 0 || slot >= static_cast<int64_t>(num_blocks) * block_size) {
@@ -26,11 +38,12 @@ __global__ void __launch_bounds__(256) append_kernel(const uint8_t* nope, int64_
         return;
     }
     const int64_t blk = slot / block_size;
-    constexpr int kNopeChunks = kLatentDim * 2 / 16;
-    const uint4* src_nope = reinterpret_cast<const uint4*>(nope + t * nope_ts_bytes);
-    const uint4* src_rope = reinterpret_cast<const uint4*>(rope + t * rope_ts_bytes);
     uint4* dst = reinterpret_cast<uint4*>(cache + blk * block_stride + (slot - blk * block_size) * kRowBytes);
-    for (int c = lane; c < kRowChunks; c += 32) dst[c] = c < kNopeChunks ? src_nope[c] : src_rope[c - kNopeChunks];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+        const int c = lane + 32 * i;
+        if (c < kRowChunks) dst[c] = v[i];
+    }
 }
 
 __global__ void __launch_bounds__(256) gather_kernel(const int32_t* positions, int32_t positions_stride, int32_t topk,
@@ -42,20 +55,24 @@ __global__ void __launch_bounds__(256) gather_kernel(const int32_t* positions, i
     const int t = blockIdx.y;
     const int k = blockIdx.x * 256 + threadIdx.x;
     if (k >= topk) return;
+    // Two dependent round trips, not three: the position is read with the request id, and the
+    // table entry (any position inside the table row; used only below the length) with the length.
+    const int pos = static_cast<int>(ld_issue_b32(positions + static_cast<int64_t>(t) * positions_stride + k));
     const int req = req_id[t];
     int slot = -1;
     if (req < 0 || req >= batch) {
         if (k == 0) record_fault(flag, MLA_FAULT_BAD_REQ_ID, t, req);
     } else {
         const int max_len = max_blocks_per_seq * block_size;
+        const int bi = pos / block_size;
+        int e = -1;
+        if (pos >= 0 && pos < max_len)
+            e = __ldg(block_table + static_cast<int64_t>(req) * block_table_stride + bi);
         const int raw = seq_lens[req];
         if (k == 0 && (raw < 0 || raw > max_len))  // one thread per token; the first fault wins
             record_fault(flag, raw < 0 ? MLA_FAULT_NEGATIVE_SEQ_LEN : MLA_FAULT_SEQ_LEN_TOO_LARGE, req, raw);
         const int L = min(max(raw, 0), max_len);
-        const int pos = positions[static_cast<int64_t>(t) * positions_stride + k];
         if (pos >= 0 && pos < L) {
-            const int bi = pos / block_size;
-            const int e = block_table[static_cast<int64_t>(req) * block_table_stride + bi];
             if (e >= 0 && e < num_blocks) {
                 slot = e * block_size + (pos - bi * block_size);
             } else {

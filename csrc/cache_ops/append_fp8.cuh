@@ -61,10 +61,9 @@ struct AppendFp8Args {
 
 constexpr int kAppendWarps = 8;
 
-// The 4 inputs at byte p (8-byte aligned) as fp32.
+// The 4 inputs of w (loaded from an 8-byte aligned address) as fp32.
 template <typename T>
-__device__ __forceinline__ void load4_f32(const uint8_t* p, float (&v)[4]) {
-    const uint2 w = __ldg(reinterpret_cast<const uint2*>(p));
+__device__ __forceinline__ void to4_f32(const uint2 w, float (&v)[4]) {
     v[0] = Fp8In<T>::to_f32(static_cast<uint16_t>(w.x & 0xffffu));
     v[1] = Fp8In<T>::to_f32(static_cast<uint16_t>(w.x >> 16));
     v[2] = Fp8In<T>::to_f32(static_cast<uint16_t>(w.y & 0xffffu));
@@ -76,6 +75,14 @@ __global__ void __launch_bounds__(kAppendWarps * 32) append_fp8_kernel(const App
     const int lane = threadIdx.x & 31;
     const int t = blockIdx.x * kAppendWarps + (threadIdx.x >> 5);
     if (t >= a.num_tokens) return;
+    // the row (and the per-tensor scale) read before the slot is known: one round trip, not two
+    const uint8_t* nope = a.nope + t * a.nope_ts_bytes + lane * 8;  // values 4*lane.. of tile 0
+    const uint8_t* rope = a.rope + t * a.rope_ts_bytes + lane * 4;  // values 2*lane, 2*lane+1
+    uint2 w[kFp8DsMlaTiles];
+#pragma unroll
+    for (int tile = 0; tile < kFp8DsMlaTiles; ++tile) w[tile] = ld_issue_v2(nope + tile * kFp8DsMlaTile * 2);
+    const uint32_t r_in = ld_issue_b32(rope);
+    const float s_tensor = kFormat == Fp8CacheFormat::PerTensor ? __uint_as_float(ld_issue_b32(a.tensor_scale)) : 0.f;
     const int64_t slot = a.slot_mapping[t];
     if (slot == -1) return;
     if (slot < 0 || slot >= a.num_slots) {
@@ -85,15 +92,13 @@ __global__ void __launch_bounds__(kAppendWarps * 32) append_fp8_kernel(const App
     constexpr int kRowBytes = kFormat == Fp8CacheFormat::DsMla ? kFp8DsMlaRowBytes : kFp8TensorRowBytes;
     const int64_t blk = slot >> a.block_shift;
     uint8_t* row = a.cache + blk * a.block_stride + (slot - (blk << a.block_shift)) * kRowBytes;
-    const uint8_t* nope = a.nope + t * a.nope_ts_bytes + lane * 8;  // values 4*lane.. of tile 0
-    const uint8_t* rope = a.rope + t * a.rope_ts_bytes + lane * 4;  // values 2*lane, 2*lane+1
 
     if constexpr (kFormat == Fp8CacheFormat::DsMla) {
         float scales[kFp8DsMlaTiles];
 #pragma unroll
         for (int tile = 0; tile < kFp8DsMlaTiles; ++tile) {
             float v[4];
-            load4_f32<T>(nope + tile * kFp8DsMlaTile * 2, v);
+            to4_f32<T>(w[tile], v);
             uint32_t m = abs_bits_for_max(v[0]);
             m = max(m, abs_bits_for_max(v[1]));
             m = max(m, abs_bits_for_max(v[2]));
@@ -107,19 +112,19 @@ __global__ void __launch_bounds__(kAppendWarps * 32) append_fp8_kernel(const App
         if (lane == 0) {  // row is 16-byte aligned (cache and block stride are; 656 = 41 * 16)
             *reinterpret_cast<float4*>(row + kFp8DsMlaScalesOffset) = make_float4(scales[0], scales[1], scales[2], scales[3]);
         }
-        uint32_t r = __ldg(reinterpret_cast<const uint32_t*>(rope));
+        uint32_t r = r_in;
         if constexpr (!Fp8In<T>::kIsBf16) r = f16x2_to_bf16x2_rn(r);
         *reinterpret_cast<uint32_t*>(row + kFp8DsMlaRopeOffset + lane * 4) = r;
     } else {
-        const float s = __ldg(a.tensor_scale);
+        const float s = s_tensor;
 #pragma unroll
         for (int tile = 0; tile < kFp8DsMlaTiles; ++tile) {
             float v[4];
-            load4_f32<T>(nope + tile * kFp8DsMlaTile * 2, v);
+            to4_f32<T>(w[tile], v);
             const uint32_t q = f32x4_to_e4m3x4(div_rn(v[0], s), div_rn(v[1], s), div_rn(v[2], s), div_rn(v[3], s));
             *reinterpret_cast<uint32_t*>(row + tile * kFp8DsMlaTile + lane * 4) = q;
         }
-        const uint32_t r = __ldg(reinterpret_cast<const uint32_t*>(rope));
+        const uint32_t r = r_in;
         const float r0 = Fp8In<T>::to_f32(static_cast<uint16_t>(r & 0xffffu));
         const float r1 = Fp8In<T>::to_f32(static_cast<uint16_t>(r >> 16));
         *reinterpret_cast<uint16_t*>(row + 512 + lane * 2) = f32x2_to_e4m3x2(div_rn(r0, s), div_rn(r1, s));

@@ -90,6 +90,26 @@ __device__ __forceinline__ void cp_async_16_or_zero(uint32_t dst, const void* sr
         "}\n" ::"r"(dst),
         "l"(src), "r"(static_cast<int>(zero)));
 }
+// Global loads issued where they are written: ld.volatile, which neither the compiler nor ptxas
+// sinks into the branch that uses the value (the append reads its row before the slot check, the
+// gather its positions before the request check: a dependent DRAM round trip fewer each; ptxas
+// sank plain and .nc loads past those branches, even from volatile asm). They bypass L1: only for
+// values read once (the gather's block-table entries, shared by many threads, lost 4-6 % so).
+__device__ __forceinline__ uint4 ld_issue_v4(const void* p) {
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint2 ld_issue_v2(const void* p) {
+    uint2 v;
+    asm volatile("ld.volatile.global.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint32_t ld_issue_b32(const void* p) {
+    uint32_t v;
+    asm volatile("ld.volatile.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p));
+    return v;
+}
 // Global stores with an L2 eviction priority of evict_last (kLast; else plain stores): the split
 // pieces, which decode writes while it streams the cache through L2 and the combine reads after
 // it (docs/PERFORMANCE.md log #99). The policy is a constant (createpolicy.fractional 1.0), which
