@@ -1,6 +1,6 @@
 //! CPU tests of the bench's own logic (`benches/common/`, included here as the bench
-//! includes it): the case grammar (lengths `lens=` / `klen=`, the older `long=`, canonical
-//! names that parse back), the bound on rotated cache copies, the byte and FLOP accounting.
+//! includes it): the case grammar (lengths `lens=` / `klen=`, the older `long=`, the append
+//! case, canonical names that parse back), the bound on rotated cache copies, the byte and FLOP accounting.
 
 #[path = "../benches/common/mod.rs"]
 mod common;
@@ -10,8 +10,11 @@ use common::cases::lens_label;
 use common::cases::sparse::used_entries;
 use common::cases::CacheBytes;
 use common::gpu::{copies_for, ROTATE_MAX_COPIES};
-use common::spec::{default_cases, CacheKind, CaseSpec, DenseSpec, Lens, SparseSpec, DEFAULT_GRID};
-use mla_decode::{DType, KvFormat, ScaleRule};
+use common::spec::{
+    default_cases, AppendSpec, CacheKind, CaseSpec, DenseSpec, Lens, SparseSpec,
+    DEFAULT_BLOCK_SIZE, DEFAULT_GRID, DEFAULT_POOL,
+};
+use mla_decode::{DType, KvFormat, ScaleRule, BLOCK_SIZES};
 
 fn parse(text: &str) -> CaseSpec {
     CaseSpec::parse(text).unwrap_or_else(|e| panic!("{text}: {e}"))
@@ -32,6 +35,13 @@ fn sparse(text: &str) -> SparseSpec {
     match parse(text) {
         CaseSpec::Sparse(s) => s,
         other => panic!("{text}: not sparse: {other:?}"),
+    }
+}
+
+fn append(text: &str) -> AppendSpec {
+    match parse(text) {
+        CaseSpec::Append(a) => a,
+        other => panic!("{text}: not an append: {other:?}"),
     }
 }
 
@@ -351,4 +361,104 @@ fn cache_kinds() {
     assert_eq!(CacheKind::Query.scale_rule(), None);
     refused("dense:b=1,h=8,l=64,kv=f16", "kv=`f16`");
     refused("sparse:t=1,h=8,kv=fp4", "kv=`fp4`");
+}
+
+/// Defaults, the canonical name (`dtype` always, other keys when not the default), and
+/// the grid's rows.
+#[test]
+fn append_defaults_and_names() {
+    let a = append("append:t=128");
+    let want = AppendSpec {
+        tokens: 128,
+        dtype: DType::Bf16,
+        kv: CacheKind::Query,
+        block_size: DEFAULT_BLOCK_SIZE,
+        pool: DEFAULT_POOL,
+    };
+    assert_eq!(a, want);
+    let spec = CaseSpec::Append(a);
+    assert_eq!(spec.name(), "append:t=128,dtype=bf16");
+    assert_eq!((spec.kind(), spec.uses_plan()), ("append", false));
+    assert_eq!(
+        append("append:t=128,kv=bf16,dtype=bf16,bs=64,pool=65536"),
+        a
+    );
+    for (text, name) in [
+        (
+            "append:t=128,kv=fp8_ds_mla",
+            "append:t=128,dtype=bf16,kv=fp8_ds_mla",
+        ),
+        (
+            "append:t=4096,kv=fp8_ds_mla",
+            "append:t=4096,dtype=bf16,kv=fp8_ds_mla",
+        ),
+        ("append:t=8,dtype=f16,kv=f16", "append:t=8,dtype=f16"),
+        (
+            "append:t=8,kv=fp8,bs=128,pool=1000",
+            "append:t=8,dtype=bf16,pool=1000,bs=128,kv=fp8",
+        ),
+        // the default pool grows with t
+        ("append:t=100000", "append:t=100000,dtype=bf16"),
+        ("append:t=100000,pool=100000", "append:t=100000,dtype=bf16"),
+        (
+            "append:t=100000,pool=100001",
+            "append:t=100000,dtype=bf16,pool=100001",
+        ),
+    ] {
+        assert_eq!(CaseSpec::parse(text).map(|s| s.name()), Ok(name.into()));
+    }
+    for row in ["append:t=128,kv=fp8_ds_mla", "append:t=4096,kv=fp8_ds_mla"] {
+        assert!(
+            DEFAULT_GRID.contains(&row),
+            "{row} is not in the default grid"
+        );
+    }
+    assert_eq!(append("append:t=100000").pool, 100_000);
+    assert_eq!(append("append:t=5,pool=5").pool, 5);
+}
+
+/// Every format, dtype and block size: the name parses back to the same case.
+#[test]
+fn append_names_round_trip() {
+    let kinds = [
+        CacheKind::Query,
+        CacheKind::Fp8DsMla(ScaleRule::Raw),
+        CacheKind::Fp8DsMla(ScaleRule::Pow2),
+        CacheKind::Fp8,
+    ];
+    for dtype in [DType::Bf16, DType::F16] {
+        for kv in kinds {
+            for block_size in BLOCK_SIZES {
+                for (tokens, pool) in [(1, DEFAULT_POOL), (4096, 4096), (70_000, 70_000)] {
+                    let a = AppendSpec {
+                        tokens,
+                        dtype,
+                        kv,
+                        block_size,
+                        pool,
+                    };
+                    let name = CaseSpec::Append(a).name();
+                    assert_eq!(append(&name), a, "{name}");
+                    assert_eq!(CaseSpec::parse(&name).map(|s| s.name()), Ok(name));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn append_refusals() {
+    refused("append:kv=fp8", "`t` is required");
+    refused("append:t=0", "t=0 must be at least 1");
+    refused("append:t=8,pool=7", "pool=7 has fewer slots than t=8");
+    refused("append:t=100000,pool=65536", "fewer slots than t=100000");
+    refused("append:t=8,pool=3000000000", "does not fit int32");
+    // a 16-bit cache holds the rows' own dtype
+    refused("append:t=8,dtype=f16,kv=bf16", "kv=`bf16` (expected f16");
+    refused("append:t=8,kv=f16", "kv=`f16` (expected bf16");
+    refused("append:t=8,dtype=fp8", "dtype=`fp8`");
+    refused("append:t=8,bs=7", "bs=7 is not one of");
+    refused("append:t=8,h=8", "unknown key `h`");
+    refused("append:t=8,k=2048", "unknown key `k`");
+    refused("appnd:t=8", "dense, sparse, gather or append");
 }

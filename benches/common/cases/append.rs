@@ -6,8 +6,7 @@ use mla_decode::cudarc::driver::{CudaSlice, CudaStream};
 use mla_decode::half::{bf16, f16};
 use mla_decode::reference::fp8;
 use mla_decode::{
-    append_kv, ffi, AppendArgs, DType, Element, ErrorFlag, KvCacheMut, KvFormat, PlanOptions,
-    ScaleRule, HEAD_DIM,
+    append_kv, AppendArgs, DType, Element, ErrorFlag, KvCacheMut, KvFormat, ScaleRule, HEAD_DIM,
 };
 
 use super::super::check::Accuracy;
@@ -118,14 +117,6 @@ fn bits16(dtype: DType, v: f64) -> [u8; 2] {
 impl<T: Element> Workload for AppendCase<T> {
     fn meta(&self) -> &Meta {
         &self.meta
-    }
-
-    fn set_options(&mut self, _stream: &Arc<CudaStream>, _options: PlanOptions) -> Res<()> {
-        Ok(())
-    }
-
-    fn schedule(&self) -> Option<ffi::mla_schedule_t> {
-        None
     }
 
     fn step(&mut self, stream: &Arc<CudaStream>) -> mla_decode::Result<()> {

@@ -5,8 +5,7 @@ use std::sync::Arc;
 use mla_decode::cudarc::driver::{CudaSlice, CudaStream};
 use mla_decode::reference::{self, GatherProblem};
 use mla_decode::{
-    ffi, gather_slots, BlockTable, CacheLayout, ErrorFlag, GatherArgs, KvCache, KvFormat,
-    PlanOptions, TableShape,
+    gather_slots, BlockTable, CacheLayout, ErrorFlag, GatherArgs, KvCache, KvFormat, TableShape,
 };
 
 use super::super::check::{self, Accuracy};
@@ -131,14 +130,6 @@ impl GatherCase {
 impl Workload for GatherCase {
     fn meta(&self) -> &Meta {
         &self.meta
-    }
-
-    fn set_options(&mut self, _stream: &Arc<CudaStream>, _options: PlanOptions) -> Res<()> {
-        Ok(())
-    }
-
-    fn schedule(&self) -> Option<ffi::mla_schedule_t> {
-        None
     }
 
     fn step(&mut self, stream: &Arc<CudaStream>) -> mla_decode::Result<()> {

@@ -115,10 +115,15 @@ pub struct CacheBytes {
 /// One benchmark case with its device buffers.
 pub trait Workload {
     fn meta(&self) -> &Meta;
-    /// (Re)makes the decode plan for `options` (the gather and the append have none).
-    fn set_options(&mut self, stream: &Arc<CudaStream>, options: PlanOptions) -> Res<()>;
-    /// The current plan's launch decisions.
-    fn schedule(&self) -> Option<ffi::mla_schedule_t>;
+    /// (Re)makes the decode plan for `options`; by default nothing (the gather and the append
+    /// have no plan).
+    fn set_options(&mut self, _stream: &Arc<CudaStream>, _options: PlanOptions) -> Res<()> {
+        Ok(())
+    }
+    /// The current plan's launch decisions; None without a plan.
+    fn schedule(&self) -> Option<ffi::mla_schedule_t> {
+        None
+    }
     /// One timed step; allocates nothing and does not synchronize (graph-capturable).
     fn step(&mut self, stream: &Arc<CudaStream>) -> mla_decode::Result<()>;
     /// The KV cache's bytes to rotate; None for the gather, which has none, and the append,
