@@ -133,8 +133,11 @@ typedef enum {
                                        row = token, value = req_id */
     MLA_FAULT_BAD_APPEND_SLOT = 6,  /* append: slot (not -1) outside the cache, skipped: row = token,
                                        value = the int64 slot */
-    MLA_FAULT_BAD_TOPK_LEN = 7      /* sparse: topk_len outside [0, topk], clamped: row = token,
+    MLA_FAULT_BAD_TOPK_LEN = 7,     /* sparse: topk_len outside [0, topk], clamped: row = token,
                                        value = topk_len */
+    MLA_FAULT_BAD_KV_SCALE = 8      /* per-tensor fp8 (append and decode): *kv_scale is not a finite
+                                       number > 0 (e.g. a scale buffer never written: 0); used as it
+                                       is, with IEEE arithmetic: row = 0, value = the fp32 bits */
 } mla_fault_code_t;
 
 /* ---- tuning: experiment overrides of the schedule's choices --------------------- */
@@ -178,8 +181,10 @@ typedef struct {
                                 sm_90 SM holds as few CTAs as an sm_120 SM (measure on an H200 what
                                 ships for sm_120); default 0 */
     int32_t warps;           /* 4 or 8 warps per decode CTA (8: each warp half the S and PV work).
-                                Default: 8 when the step has at most 2 x SMs tiles or block_m is 32,
-                                else 4; an explicit 4 keeps block_m at 8 or 16 */
+                                Default: 8 when block_m is 32, or when the step has at most 2 x SMs
+                                tiles (except 16-bit caches whose parts are not all one tile or
+                                whose 16-row tiles serve at most 64 query rows per request: 4
+                                there), else 4; an explicit 4 keeps block_m at 8 or 16 */
     int32_t block_m;         /* 8, 16 or 32 query rows per decode CTA (8: the MMA's rows 8-15 unused,
                                 skipped by the softmax; 32: 8 warps, Q fragments from global
                                 memory). Default: 8 with at most 8 query rows per request; 32
@@ -196,7 +201,8 @@ typedef struct {
                                 at 8 rows); 2 or 1 on large batches of short requests
                                 (docs/DESIGN.md §5.4); else 4 */
     int32_t min_chunk;       /* >= 1: the fewest 32-row tiles a split-KV part streams. Default 1
-                                when the step has at most SMs tiles, else 2 */
+                                when the step has at most SMs tiles (fp8 caches) or SMs / 2 tiles
+                                (16-bit caches), else 2 */
     int32_t split;           /* how the tiles are cut into parts: MLA_SPLIT_FLAT or
                                 MLA_SPLIT_WITHIN_REQUESTS. Default MLA_SPLIT_WITHIN_REQUESTS
                                 where the schedule allows it (below), else flat */

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use cudarc::driver::{
-    result, CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PinnedHostSlice, SyncOnDrop,
+    result, CudaEvent, CudaSlice, CudaStream, CudaViewMut, DevicePtr, DevicePtrMut,
+    PinnedHostSlice, SyncOnDrop,
 };
 
 use crate::buffer::{self, DeviceWrite};
@@ -38,13 +39,16 @@ pub enum FaultCode {
     BadAppendSlot,
     /// Sparse: a `topk_len` outside `0..=topk`, clamped; row = token, value = topk_len.
     BadTopkLen,
+    /// Per-tensor fp8 (append and decode): the cache's scale is not a finite number > 0
+    /// (e.g. a scale buffer never written: 0), used as it is; row = 0, value = its fp32 bits.
+    BadKvScale,
     /// A code this version does not know.
     Unknown(u32),
 }
 
 impl FaultCode {
     /// Every known code with its `mla_fault_code_t` value (the C header's, through bindgen).
-    const CODES: [(FaultCode, u32); 7] = [
+    const CODES: [(FaultCode, u32); 8] = [
         (FaultCode::BadBlockId, F::MLA_FAULT_BAD_BLOCK_ID as u32),
         (
             FaultCode::NegativeSeqLen,
@@ -61,6 +65,7 @@ impl FaultCode {
             F::MLA_FAULT_BAD_APPEND_SLOT as u32,
         ),
         (FaultCode::BadTopkLen, F::MLA_FAULT_BAD_TOPK_LEN as u32),
+        (FaultCode::BadKvScale, F::MLA_FAULT_BAD_KV_SCALE as u32),
     ];
 
     /// The code of a non-zero word 0.
@@ -95,6 +100,9 @@ impl std::fmt::Display for FaultCode {
             FaultCode::BadReqId => f.write_str("req_id outside [0, batch)"),
             FaultCode::BadAppendSlot => f.write_str("append slot outside the cache"),
             FaultCode::BadTopkLen => f.write_str("topk_len outside [0, topk] (clamped)"),
+            FaultCode::BadKvScale => {
+                f.write_str("per-tensor fp8 scale not a finite number > 0 (used as it is)")
+            }
             FaultCode::Unknown(c) => write!(f, "unknown fault code {c}"),
         }
     }
@@ -261,9 +269,10 @@ impl ErrorFlag {
         &self.words
     }
 
-    /// The 4 device words, writable (e.g. to set a fault by hand in a test).
-    pub fn raw_mut(&mut self) -> &mut CudaSlice<u32> {
-        &mut self.words
+    /// The 4 device words, writable (e.g. to set a fault by hand in a test). A view, not the
+    /// allocation itself: the flag's calls rely on its 16 bytes, which a view cannot replace.
+    pub fn raw_mut(&mut self) -> CudaViewMut<'_, u32> {
+        self.words.as_view_mut()
     }
 
     fn on_device_of(&self, stream: &CudaStream) -> Result<()> {

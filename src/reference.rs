@@ -52,6 +52,8 @@ pub mod fault_code {
     pub const BAD_APPEND_SLOT: u32 = F::MLA_FAULT_BAD_APPEND_SLOT as u32;
     /// A sparse topk_len outside `0..=topk`, clamped: row = token, value = topk_len.
     pub const BAD_TOPK_LEN: u32 = F::MLA_FAULT_BAD_TOPK_LEN as u32;
+    /// Per-tensor fp8: a scale that is not a finite number > 0.
+    pub const BAD_KV_SCALE: u32 = F::MLA_FAULT_BAD_KV_SCALE as u32;
 }
 
 /// Result of attention: out `[rows, heads, 512]`, lse `[rows, heads]` (natural log), plus every

@@ -19,4 +19,11 @@ __device__ __forceinline__ void record_fault(uint32_t* flag, uint32_t code, uint
     }
 }
 
+// Per-tensor fp8: the cache's scale must be a finite number > 0; any other is used as it is
+// (IEEE arithmetic: e.g. 0 stores +-448 and NaN, and reads zeros) and recorded here, once per
+// call by one thread (row 0, value = the scale's fp32 bits).
+__device__ __forceinline__ void check_tensor_scale(uint32_t* flag, float s) {
+    if (!(s > 0.f && s <= 3.40282347e38f)) record_fault(flag, MLA_FAULT_BAD_KV_SCALE, 0, __float_as_uint(s));
+}
+
 }  // namespace mla

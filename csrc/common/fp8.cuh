@@ -141,12 +141,24 @@ __host__ __device__ __forceinline__ uint8_t e4m3_encode_sw(float x) {
 // .e4m3x2 from .f32 require .satfinite, which turns a NaN input into NaN and clamps finite
 // values and infinities beyond MAX_NORM (448) to the sign-preserved MAX_NORM. Which NaN code
 // comes out is not specified, so a NaN is canonicalized to 0x7f here.
+// The e4m3 conversions are sm_89+ instructions: sm_80 / sm_86 builds (MLA_CUDA_ARCHS=80,86)
+// take the software forms above, which give the same bytes and values (the fp8 paths run
+// there, slower; the 16-bit paths are untouched).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+#define MLA_FP8_CVT 0
+#else
+#define MLA_FP8_CVT 1
+#endif
 __device__ __forceinline__ uint16_t f32x2_to_e4m3x2(float lo, float hi) {
+#if !MLA_FP8_CVT
+    return static_cast<uint16_t>(e4m3_encode_sw(lo) | (static_cast<uint16_t>(e4m3_encode_sw(hi)) << 8));
+#else
     uint16_t r;
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
     if (lo != lo) r = static_cast<uint16_t>((r & 0xff00u) | kE4m3NaN);
     if (hi != hi) r = static_cast<uint16_t>((r & 0x00ffu) | (kE4m3NaN << 8));
     return r;
+#endif
 }
 // Four values -> e4m3x4 (v0 in bits 0..7 .. v3 in bits 24..31: little-endian byte order).
 __device__ __forceinline__ uint32_t f32x4_to_e4m3x4(float v0, float v1, float v2, float v3) {
@@ -169,17 +181,28 @@ __host__ __device__ __forceinline__ float e4m3_decode_sw(uint8_t b) {
 // e4m3x2 -> f16x2 (lo byte -> low half): exact, one F2FP instruction on sm_89+ (e4m3
 // subnormals 2^-9.. are f16 normals; NaN -> f16 NaN).
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint16_t v) {
+#if !MLA_FP8_CVT
+    const __half2 h = __floats2half2_rn(e4m3_decode_sw(static_cast<uint8_t>(v & 0xffu)),
+                                        e4m3_decode_sw(static_cast<uint8_t>(v >> 8)));
+    return *reinterpret_cast<const uint32_t*>(&h);
+#else
     uint32_t r;
     asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(v));
     return r;
+#endif
 }
 // e4m3x4 -> two f16x2: lo = bytes 0,1; hi = bytes 2,3. The halves are split inside the asm
 // (mov.b32 {l, h}) so that ptxas reads the high one as an operand half (F2FP ... R.H1)
 // instead of shifting it out first (one instruction per register saved).
 __device__ __forceinline__ void e4m3x4_to_f16x2x2(uint32_t v, uint32_t& lo, uint32_t& hi) {
+#if !MLA_FP8_CVT
+    lo = e4m3x2_to_f16x2(static_cast<uint16_t>(v & 0xffffu));
+    hi = e4m3x2_to_f16x2(static_cast<uint16_t>(v >> 16));
+#else
     asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
         : "=r"(lo), "=r"(hi)
         : "r"(v));
+#endif
 }
 // The same with the high half shifted out first (an extra instruction per register, but ptxas
 // allocates registers differently: the fp8 32-row kernel, at sm_120's register cap, spills

@@ -5,6 +5,9 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
 
 #include "common/constants.cuh"
 #include "decode/format.cuh"
@@ -116,6 +119,15 @@ struct KernelConfig : Tile {
     static constexpr int kMinCtasSm90 = (Fmt::kFp8 && Tile::kHalfM && Tile::kWarps == 4) ? 3 : 1;
     // S = Q K^T: k16 steps of the QK width per warp
     static constexpr int kSKSteps = Fmt::kQkDim / 16 / Tile::kSplitK;
+    // fp8_ds_mla with f16 queries: the RoPE dims' products are bf16 MMAs (the cache's RoPE is
+    // bf16, which f16 cannot hold exactly) with the query split exactly into bf16 hi + lo
+    // (decode/fp8_phases.cuh fp8_q_f16_rope_split); with one m-tile the lo fragments are kept
+    // beside qf (kQFrags), with two (at the register cap) both halves are split per tile
+    static constexpr int kRopeLoSteps =
+        (Fmt::kFp8 && Fmt::kDsMla && std::is_same<typename Fmt::Elem, __half>::value && Tile::kMTiles == 1)
+            ? Fmt::kRopeDim / 16 / Tile::kSplitK
+            : 0;
+    static constexpr int kQFrags = kSKSteps + kRopeLoSteps;  // qf's k16 entries per m-tile
     // O += P V: warps split the kVDim output dims
     static constexpr int kODims = Fmt::kVDim / Tile::kWarps;        // 128 or 64
     static constexpr int kONTiles = kODims / 8;                     // 16 or 8

@@ -20,8 +20,8 @@
 //     separately and is multiplied by its rows' fp32 scales once per tile (exact: the products
 //     are those of the stored values). The 64 RoPE dims are bf16: ldmatrix as 16-bit rows,
 //     accumulated onto the scaled latent sum with a bf16 MMA (bf16 queries, Q's RoPE scaled by
-//     the same 2^a, exact) or an f16 MMA (f16 queries; the bf16 values rounded to f16, exact
-//     within f16's range). Per-tensor fp8: all 576 dims are e4m3, one scale for S.
+//     the same 2^a, exact) or two (f16 queries, split exactly into bf16 hi + lo:
+//     f16x2_split_bf16). Per-tensor fp8: all 576 dims are e4m3, one scale for S.
 //   - O += P V: ldmatrix.x4.trans on the fp8 rows read as b16 gives lane (g, tq) the bytes
 //     [r2tq.d2g, r2tq.d2g+1, r2tq+1.d2g, r2tq+1.d2g+1] of a 16-byte chunk; prmt 0x3120 regroups
 //     them and two conversions give the B fragments (k = rows 2tq, 2tq+1) of two n8 tiles: the
@@ -84,11 +84,6 @@ struct Fp8Split {
     static __device__ __forceinline__ int out_tile(int warp) { return warp * C::kODims / kFp8DsMlaTile; }
 };
 
-// bf16x2 -> f16x2 (round to nearest even; exact within f16's range)
-__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t v) {
-    return Elem<__half>::pack(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
-}
-
 // prmt.b32 d, a, 0, sel
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t sel) {
     uint32_t d;
@@ -104,7 +99,7 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t sel) {
 // power of two (rowf = 2^-a, to apply to S) and the conversion of the latent steps to f16.
 template <typename C>
 __device__ __forceinline__ void fp8_q_from_smem(uint32_t q_base, int kh, int qrow, int col_half,
-                                                uint32_t (&qf)[C::kSKSteps][4]) {
+                                                uint32_t (&qf)[C::kQFrags][4]) {
     using S = Fp8Split<C>;
     const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
 #pragma unroll
@@ -127,7 +122,7 @@ __device__ __forceinline__ void fp8_q_from_smem(uint32_t q_base, int kh, int qro
 
 template <typename C>
 __device__ __forceinline__ void fp8_q_from_global(const uint8_t* qn, const uint8_t* qr, int hf, int kh,
-                                                  uint32_t (&qf)[C::kSKSteps][4]) {
+                                                  uint32_t (&qf)[C::kQFrags][4]) {
     using S = Fp8Split<C>;
     const int tq = threadIdx.x & 3;
 #pragma unroll
@@ -157,7 +152,7 @@ __device__ __forceinline__ void fp8_q_from_global(const uint8_t* qn, const uint8
 // the latent steps become f16 (q * 2^a rounded: exact down to 2^-28 of the maximum), the RoPE
 // steps stay bf16 (q * 2^a, exact).
 template <typename C>
-__device__ __forceinline__ void fp8_q_bf16_to_f16(uint32_t (&qf)[C::kSKSteps][4], float (&rowf)[2]) {
+__device__ __forceinline__ void fp8_q_bf16_to_f16(uint32_t (&qf)[C::kQFrags][4], float (&rowf)[2]) {
     using S = Fp8Split<C>;
     rowf[1] = 1.f;  // (a half m-tile's rows 8-15: zero, unused)
 #pragma unroll
@@ -184,6 +179,53 @@ __device__ __forceinline__ void fp8_q_bf16_to_f16(uint32_t (&qf)[C::kSKSteps][4]
                 qf[ks][hf + 2 * c] = ks < S::kLatSteps ? Elem<__half>::pack(lo, hi) : Elem<__nv_bfloat16>::pack(lo, hi);
             }
     }
+}
+
+// f16 queries on fp8_ds_mla: the RoPE dims' query as two bf16 terms, hi = bf16(q) (round to
+// nearest even) and lo = q - hi, exactly: q has 11 significant bits and hi the top 8, so lo has
+// at most 4 and every f16 (subnormals too) lies in bf16's normal range. The RoPE products are
+// then bf16 MMAs against the cache's bf16 values as stored (K hi + K lo, accumulated in fp32),
+// where rounding those values to f16 would turn any of magnitude >= 65,520 into inf (an f16
+// input of 65,504 is stored as bf16 65,536) and cut the precision of those below 2^-14. A
+// non-finite q keeps hi (inf or NaN) and gets lo = 0.
+__device__ __forceinline__ void f16x2_split_bf16(uint32_t q, uint32_t& hi, uint32_t& lo) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&q));
+    hi = Elem<__nv_bfloat16>::pack(f.x, f.y);
+    const float h0 = __uint_as_float(hi << 16), h1 = __uint_as_float(hi & 0xffff0000u);
+    lo = Elem<__nv_bfloat16>::pack(isfinite(h0) ? f.x - h0 : 0.f, isfinite(h1) ? f.y - h1 : 0.f);
+}
+
+// At a segment start with one m-tile (C::kRopeLoSteps > 0): the RoPE steps' f16 fragments
+// become their bf16 hi terms in place and the lo terms go to qf[kSKSteps ..].
+template <typename C>
+__device__ __forceinline__ void fp8_q_f16_rope_split(uint32_t (&qf)[C::kQFrags][4]) {
+    using S = Fp8Split<C>;
+    static_assert(C::kRopeLoSteps == S::kRopeSteps, "one lo entry per RoPE step");
+#pragma unroll
+    for (int rs = 0; rs < S::kRopeSteps; ++rs)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) f16x2_split_bf16(qf[S::kLatSteps + rs][i], qf[S::kLatSteps + rs][i], qf[C::kSKSteps + rs][i]);
+}
+
+// The RoPE step rs's query fragment as bf16 hi and lo terms: f16 queries (split at the segment
+// start with one m-tile, here with two), or bf16 queries (hi as loaded, no lo: *has_lo false).
+template <typename T, typename C>
+__device__ __forceinline__ bool fp8_rope_q(const uint32_t (&qf)[C::kQFrags][4], int rs, uint32_t (&hi)[4],
+                                           uint32_t (&lo)[4]) {
+    using S = Fp8Split<C>;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        if constexpr (!std::is_same<T, __half>::value) {
+            hi[i] = qf[S::kLatSteps + rs][i];
+            lo[i] = 0u;
+        } else if constexpr (C::kRopeLoSteps > 0) {
+            hi[i] = qf[S::kLatSteps + rs][i];
+            lo[i] = qf[C::kSKSteps + rs][i];
+        } else {
+            f16x2_split_bf16(qf[S::kLatSteps + rs][i], hi[i], lo[i]);
+        }
+    }
+    return std::is_same<T, __half>::value;
 }
 
 // fp8 rows in the 4-warp 8-row configuration compute both products transposed (kSwapPV in
@@ -216,7 +258,7 @@ __device__ __forceinline__ int fp8_k_pair(uint32_t row, int kh, int ks, int col_
 // 2tq and 2tq + 1) and (row g + 8, the same), scaled per tile row, then stored to the S
 // partials at S's own positions (read_scores reads them unchanged).
 template <typename T, typename C>
-__device__ __forceinline__ void fp8_score_partials_t(uint32_t kv_base, const uint32_t (&qf)[C::kSKSteps][4],
+__device__ __forceinline__ void fp8_score_partials_t(uint32_t kv_base, const uint32_t (&qf)[C::kQFrags][4],
                                                      const float (&rowf)[2], int krow, int kh, int col_half,
                                                      float4* part_s, int warp, int lane) {
     using S = Fp8Split<C>;
@@ -259,15 +301,11 @@ __device__ __forceinline__ void fp8_score_partials_t(uint32_t kv_base, const uin
         for (int rs = 0; rs < S::kRopeSteps; ++rs) {
             uint32_t b[4];
             ldmatrix_x4(b, row + kFp8DsMlaRopeOffset + 16 * (2 * (kh * S::kRopeSteps + rs) + col_half));
-            const int k = S::kLatSteps + rs;
-            if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-                const uint32_t ar[4] = {b[0], b[2], b[1], b[3]};
-                mma16816<__nv_bfloat16>(v, ar, qf[k][0], qf[k][2]);
-            } else {
-                const uint32_t ar[4] = {bf16x2_to_f16x2(b[0]), bf16x2_to_f16x2(b[2]), bf16x2_to_f16x2(b[1]),
-                                        bf16x2_to_f16x2(b[3])};
-                mma16816<__half>(v, ar, qf[k][0], qf[k][2]);
-            }
+            uint32_t qh[4], ql[4];
+            const bool has_lo = fp8_rope_q<T, C>(qf, rs, qh, ql);
+            const uint32_t ar[4] = {b[0], b[2], b[1], b[3]};
+            mma16816<__nv_bfloat16>(v, ar, qh[0], qh[2]);
+            if (has_lo) mma16816<__nv_bfloat16>(v, ar, ql[0], ql[2]);
         }
     } else {
         const float ts = lds_f32(kv_base + kFp8TensorRowBytes);  // staged row 0's copy of the tensor scale
@@ -302,7 +340,7 @@ __device__ __forceinline__ void fp8_score_partials_t(uint32_t kv_base, const uin
 // S = Q K^T for this warp's 16 tile rows (krow: the lane's ldmatrix row, krow & ~15 the warp's
 // first) over its k range (kh), written to its S partials as score_partials does.
 template <typename T, typename C>
-__device__ __forceinline__ void fp8_score_partials_m(uint32_t kv_base, const uint32_t (&qf)[C::kMTiles][C::kSKSteps][4],
+__device__ __forceinline__ void fp8_score_partials_m(uint32_t kv_base, const uint32_t (&qf)[C::kMTiles][C::kQFrags][4],
                                                      const float (&rowf)[C::kMTiles][2], int krow, int kh, int col_half,
                                                      float4* part_s, int warp, int lane) {
     using S = Fp8Split<C>;
@@ -361,16 +399,15 @@ __device__ __forceinline__ void fp8_score_partials_m(uint32_t kv_base, const uin
             uint32_t b[4];
             ldmatrix_x4(b, row + kFp8DsMlaRopeOffset + 16 * (2 * (kh * S::kRopeSteps + rs) + col_half));
 #pragma unroll
-            for (int mt = 0; mt < kMT; ++mt)
+            for (int mt = 0; mt < kMT; ++mt) {
+                uint32_t qh[4], ql[4];
+                const bool has_lo = fp8_rope_q<T, C>(qf[mt], rs, qh, ql);
 #pragma unroll
                 for (int n = 0; n < 2; ++n) {
-                    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-                        mma16816<__nv_bfloat16>(s[mt][n], qf[mt][S::kLatSteps + rs], b[2 * n], b[2 * n + 1]);
-                    } else {
-                        mma16816<__half>(s[mt][n], qf[mt][S::kLatSteps + rs], bf16x2_to_f16x2(b[2 * n]),
-                                         bf16x2_to_f16x2(b[2 * n + 1]));
-                    }
+                    mma16816<__nv_bfloat16>(s[mt][n], qh, b[2 * n], b[2 * n + 1]);
+                    if (has_lo) mma16816<__nv_bfloat16>(s[mt][n], ql, b[2 * n], b[2 * n + 1]);
                 }
+            }
         }
     } else {
         const float ts = lds_f32(kv_base + kFp8TensorRowBytes);  // staged row 0's copy of the tensor scale
@@ -403,7 +440,7 @@ __device__ __forceinline__ void fp8_score_partials_m(uint32_t kv_base, const uin
 
 // S's partials by the configuration's form: transposed (kSwapPV) or with the query rows as M.
 template <typename T, typename C>
-__device__ __forceinline__ void fp8_score_partials(uint32_t kv_base, const uint32_t (&qf)[C::kMTiles][C::kSKSteps][4],
+__device__ __forceinline__ void fp8_score_partials(uint32_t kv_base, const uint32_t (&qf)[C::kMTiles][C::kQFrags][4],
                                                    const float (&rowf)[C::kMTiles][2], int krow, int kh, int col_half,
                                                    float4* part_s, int warp, int lane) {
     if constexpr (kSwapPV<C>) {

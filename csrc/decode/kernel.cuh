@@ -171,7 +171,7 @@ __device__ __forceinline__ void load_q_smem(const DecodeArgs& a, int b, int m_ti
 // ldmatrix would give (zero past m_rows).
 template <typename C, bool kSparse>
 __device__ __forceinline__ void load_q_frags(const DecodeArgs& a, int b, int m_tile, int kh,
-                                             uint32_t (&qf)[C::kMTiles][C::kSKSteps][4]) {
+                                             uint32_t (&qf)[C::kMTiles][C::kQFrags][4]) {
     constexpr int kNopeDim = C::Format::kQkDim - C::Format::kRopeDim;  // dims from q_nope
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, tq = lane & 3;
@@ -363,7 +363,7 @@ struct TilePipeline {
 // two-m-tile kernels' SASS moved on sm_90 and sm_120.)
 template <typename C, bool kSparse>
 __device__ __forceinline__ void fp8_load_q(const DecodeArgs& a, int b, int m_tile, int kh,
-                                           uint32_t (&qf)[C::kMTiles][C::kSKSteps][4]) {
+                                           uint32_t (&qf)[C::kMTiles][C::kQFrags][4]) {
     const int g = (threadIdx.x & 31) >> 2;
 #pragma unroll
     for (int mt = 0; mt < C::kMTiles; ++mt)
@@ -389,7 +389,7 @@ __device__ __forceinline__ void fp8_load_q(const DecodeArgs& a, int b, int m_til
 // accumulators (running max -inf, sum 0, o 0).
 template <typename C, bool kSparse>
 __device__ __forceinline__ void start_segment(const DecodeArgs& a, const uint8_t* q_s, int b, int m_tile, int qrow,
-                                              int kh, int col_half, uint32_t (&qf)[C::kMTiles][C::kSKSteps][4],
+                                              int kh, int col_half, uint32_t (&qf)[C::kMTiles][C::kQFrags][4],
                                               float (&rowf)[C::kMTiles][2], float (&m_run)[C::kMTiles][2],
                                               float (&l_run)[C::kMTiles][2], float (&o)[C::kMTiles][C::kONTiles][4]) {
     constexpr int kMT = C::kMTiles;
@@ -404,6 +404,8 @@ __device__ __forceinline__ void start_segment(const DecodeArgs& a, const uint8_t
         if constexpr (kBf16) {
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt) fp8_q_bf16_to_f16<C>(qf[mt], rowf[mt]);
+        } else if constexpr (C::kRopeLoSteps > 0) {  // f16 queries' RoPE steps as bf16 hi + lo
+            fp8_q_f16_rope_split<C>(qf[0]);
         }
         if constexpr (C::kMaskAdd) {  // S's partials come scaled to the log2 domain
 #pragma unroll
@@ -441,7 +443,7 @@ __device__ __forceinline__ void start_segment(const DecodeArgs& a, const uint8_t
 // warp's S partials, slot part_slot((warp * kMTiles + mt) * 2 + n, lane), for sum_partials,
 // read_scores or softmax_rows.
 template <typename T, typename C>
-__device__ __forceinline__ void score_partials(uint32_t kv_base, const uint32_t (&qf)[C::kMTiles][C::kSKSteps][4],
+__device__ __forceinline__ void score_partials(uint32_t kv_base, const uint32_t (&qf)[C::kMTiles][C::kQFrags][4],
                                                int krow, int kk0, int col_half, float4* part_s, int warp, int lane) {
     constexpr int kMT = C::kMTiles;
     // two accumulator parities per (m-tile, n8 tile) with one m-tile (shorter chains),
@@ -1127,7 +1129,7 @@ __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<F
     constexpr int kMT = C::kMTiles;
     float o[kMT][C::kONTiles][4];
     float m_run[kMT][2], l_run[kMT][2];
-    uint32_t qf[kMT][C::kSKSteps][4];
+    uint32_t qf[kMT][C::kQFrags][4];
     float rowf[kMT][2];  // fp8 path: bf16 queries' 2^-a per fragment row (decode/fp8_phases.cuh), kMaskAdd: x scale_log2
     float m_own = -INFINITY, l_own = 0.f;  // one softmax per tile: this lane's query row (softmax_rows)
     int row_qi = 0;                        // and its query position (dense: the causal limit)
@@ -1238,6 +1240,9 @@ __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<F
         ahead = ahead_next;
     }
     cp_async_wait<0>();
+    if constexpr (Fmt::kFp8 && !Fmt::kDsMla) {  // per-tensor fp8: a bad scale is recorded, once
+        if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) check_tensor_scale(a.flag, *a.kv_scale);
+    }
     MLA_TRACE_AT(kTraceDecode, kTraceDecodeEnd);
 }
 

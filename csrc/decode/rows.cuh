@@ -271,6 +271,7 @@ __global__ void __launch_bounds__(kRowsWarps * 32) rows_kernel(const DecodeArgs 
         if (more) cur = nxt;
     }
 
+    if (L::kTensor && m == 0 && b == 0 && threadIdx.x == 0) check_tensor_scale(a.flag, tensor_scale);
     T* dst = reinterpret_cast<T*>(a.out) + token * a.out_ts + head * a.out_hs;
     float* lse = a.lse != nullptr ? a.lse + token * a.lse_ts + head * a.lse_hs : nullptr;
     if (len <= 1) {  // (uniform) only warp 0 holds a position: it writes the row

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use mla_decode::cudarc::driver::CudaStream;
-use mla_decode::half::bf16;
+use mla_decode::half::{bf16, f16};
 use mla_decode::reference::{fault_code, fp8, Fault};
 use mla_decode::*;
 
@@ -590,5 +590,160 @@ fn fp8_extreme_magnitudes() {
                 });
             }
         }
+    }
+}
+
+/// f16 queries on fp8_ds_mla caches whose bf16 RoPE values lie far outside f16's normal range
+/// (up to 2^19, where an f16 input of 65,504 is already stored as bf16 65,536, and down to
+/// 2^-30), with the query's RoPE values small (f16 subnormals, exactly as uploaded) so that the
+/// scores stay ordinary: the RoPE products must use the stored values as they are (before
+/// session 37 the kernels rounded them to f16, and every value >= 65,520 became inf). Dense and
+/// sparse, both scale rules, every tile configuration, odd head counts.
+#[test]
+#[ignore = "needs a GPU"]
+fn fp8_ds_mla_f16_queries_wide_rope() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("fp8_ds_mla_f16_queries_wide_rope");
+    let exps = [-30, -20, -8, 0, 8, 16, 17, 19];
+    for i in 0..24 {
+        let heads = HEADS[i % HEADS.len()];
+        let kind = FP8_KINDS[i % 2];
+        let options = config_options(i / 2, i % 4 >= 2);
+        let edit = |rng: &mut Rng, q: &mut HostQuery<f16>| q.refill_rope(rng, 2f64.powi(-18));
+        if i % 3 == 0 {
+            let mut p = random_sparse_fp8::<f16>(&mut rng, heads, kind, true, 1.0);
+            let values = p.inner.cache.values.as_mut().expect("dequantized rows");
+            p.fp8.refill_rope(&mut rng, values, &exps);
+            let label = format!("f16 sparse wide RoPE {kind:?} heads {heads} (case {i})");
+            check_problem_with(&label, &mut rng, &stream, &p, options, edit);
+        } else {
+            let mut p = random_dense_fp8::<f16>(&mut rng, heads, kind, i % 3 == 1, 1.0);
+            let values = p.inner.cache.values.as_mut().expect("dequantized rows");
+            p.fp8.refill_rope(&mut rng, values, &exps);
+            let label = format!("f16 dense wide RoPE {kind:?} heads {heads} (case {i})");
+            check_problem_with(&label, &mut rng, &stream, &p, options, edit);
+        }
+    }
+}
+
+/// A per-tensor fp8 scale that is not a finite number > 0 (0, as from a scale buffer never
+/// written; negative; NaN; inf) is recorded as `BadKvScale` (row 0, value = its bits) by the
+/// append, by dense decode on both paths (the tile kernels and the row kernel) and by sparse
+/// decode; a good scale leaves the flag clear.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_fp8_bad_tensor_scale_is_recorded() {
+    let stream = stream();
+    let (heads, block_size, blocks) = (8, 64, 4);
+    let mut cache = stream
+        .alloc_zeros::<u8>(blocks * block_size * KvFormat::Fp8PerTensor.row_bytes())
+        .unwrap();
+    let kv = stream
+        .clone_htod(&vec![bf16::from_f64(0.25); 3 * HEAD_DIM])
+        .unwrap();
+    let slots = stream.clone_htod(&[0i64, 5, 130]).unwrap();
+    let table = stream.clone_htod(&[0i32, 1, 2, 3]).unwrap();
+    let seq_lens = stream.clone_htod(&[200i32]).unwrap();
+    let indices = stream.clone_htod(&(0..64).collect::<Vec<i32>>()).unwrap();
+    let q = stream
+        .clone_htod(&vec![bf16::from_f64(0.5); heads * HEAD_DIM])
+        .unwrap();
+    let mut out = stream.alloc_zeros::<bf16>(heads * LATENT_DIM).unwrap();
+    let mut flag = ErrorFlag::new(&stream).unwrap();
+    let dense_shape = DenseShape {
+        batch: 1,
+        q_len: 1,
+        num_heads: heads,
+        block_size,
+        max_blocks_per_seq: blocks,
+        kv_format: KvFormat::Fp8PerTensor,
+    };
+    let sparse_shape = SparseShape {
+        num_tokens: 1,
+        num_heads: heads,
+        topk: 64,
+        kv_format: KvFormat::Fp8PerTensor,
+    };
+    let with_path = |path: u32| {
+        let mut o = PlanOptions::default();
+        o.tuning.path = Some(path);
+        o
+    };
+    let mut plans = [
+        DecodePlan::dense(&stream, dense_shape, with_path(ffi::MLA_PATH_TILES)).unwrap(),
+        DecodePlan::dense(&stream, dense_shape, with_path(ffi::MLA_PATH_ROWS)).unwrap(),
+    ];
+    let mut sparse_plan =
+        DecodePlan::sparse(&stream, sparse_shape, PlanOptions::default()).unwrap();
+    for s in [0.0f32, -1.0, f32::NAN, f32::INFINITY, 0.5] {
+        let scale = stream.clone_htod(&[s]).unwrap();
+        let want = if s > 0.0 && s.is_finite() {
+            Ok(())
+        } else {
+            Err(Error::DeviceFault {
+                code: FaultCode::BadKvScale,
+                row: 0,
+                value: i64::from(s.to_bits()),
+            })
+        };
+        let args = AppendArgs {
+            kv: &kv,
+            kv_token_stride: HEAD_DIM,
+            slot_mapping: &slots,
+            num_tokens: 3,
+            scale_rule: None,
+        };
+        flag.reset(&stream).unwrap();
+        let mut kc = KvCacheMut::contiguous(&mut cache, KvFormat::Fp8PerTensor, block_size)
+            .unwrap()
+            .with_scale(&scale);
+        append_kv(&stream, &args, &mut kc, Some(&mut flag)).unwrap();
+        assert_eq!(flag.check(&stream), want, "append, scale {s}");
+
+        let kv_cache = KvCache::contiguous(&cache, KvFormat::Fp8PerTensor, block_size)
+            .unwrap()
+            .with_scale(&scale);
+        for (i, plan) in plans.iter_mut().enumerate() {
+            let args = DenseArgs {
+                q: Query::contiguous(&q, heads),
+                kv_cache: kv_cache.clone(),
+                block_table: BlockTable::new(
+                    &table,
+                    TableShape {
+                        batch: 1,
+                        max_blocks_per_seq: blocks,
+                    },
+                ),
+                seq_lens: &seq_lens,
+                softmax_scale: 0.1,
+            };
+            flag.reset(&stream).unwrap();
+            let mut o = Output::contiguous(&mut out, heads);
+            dense_decode(&stream, plan, &args, &mut o, None, Some(&mut flag)).unwrap();
+            assert_eq!(
+                flag.check(&stream),
+                want,
+                "dense decode path {i}, scale {s}"
+            );
+        }
+        let args = SparseArgs {
+            q: Query::contiguous(&q, heads),
+            kv_cache,
+            indices: SparseIndices::contiguous(&indices, 64),
+            topk_len: None,
+            softmax_scale: 0.1,
+        };
+        flag.reset(&stream).unwrap();
+        let mut o = Output::contiguous(&mut out, heads);
+        sparse_decode(
+            &stream,
+            &mut sparse_plan,
+            &args,
+            &mut o,
+            None,
+            Some(&mut flag),
+        )
+        .unwrap();
+        assert_eq!(flag.check(&stream), want, "sparse decode, scale {s}");
     }
 }

@@ -54,7 +54,7 @@ fn gpu_device_info_and_error_flag() {
     let mut flag = ErrorFlag::new(&stream).unwrap();
     assert_eq!(flag.check(&stream), Ok(()));
     stream
-        .memcpy_htod(&[3u32, 7, (-2i32) as u32, u32::MAX], flag.raw_mut())
+        .memcpy_htod(&[3u32, 7, (-2i32) as u32, u32::MAX], &mut flag.raw_mut())
         .unwrap();
     let fault = Err(Error::DeviceFault {
         code: FaultCode::SeqLenTooLarge,

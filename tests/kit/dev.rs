@@ -645,11 +645,26 @@ pub fn check_problem_scaled<P: Problem>(
     options: PlanOptions,
     q_mag: f64,
 ) {
+    check_problem_with(label, rng, stream, p, options, |_, q| {
+        if q_mag != 1.0 {
+            q.scale_by(q_mag);
+        }
+    });
+}
+
+/// [`check_problem`] with the random query changed by `edit` before the run (which must keep
+/// `values` equal to the buffers' values).
+pub fn check_problem_with<P: Problem>(
+    label: &str,
+    rng: &mut Rng,
+    stream: &Arc<CudaStream>,
+    p: &P,
+    options: PlanOptions,
+    edit: impl FnOnce(&mut Rng, &mut HostQuery<P::Elem>),
+) {
     let kind = QKind::random(rng);
     let mut q = HostQuery::<P::Elem>::random(rng, kind, p.rows(), p.heads());
-    if q_mag != 1.0 {
-        q.scale_by(q_mag);
-    }
+    edit(rng, &mut q);
     let lse_kind = random_lse_kind(rng);
     let got = run_once(rng, stream, p, &q, lse_kind, options);
     let heads = all_heads(p.heads());

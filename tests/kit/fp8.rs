@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use mla_decode::cudarc::driver::{CudaSlice, CudaStream};
+use mla_decode::half::bf16;
 use mla_decode::reference::{fp8, Attention};
 use mla_decode::*;
 
@@ -111,6 +112,25 @@ impl Fp8Cache {
                 block_stride_bytes: stride,
             },
             tensor_scale,
+        }
+    }
+
+    /// fp8_ds_mla only: new bf16 RoPE values in every row (bytes and `values`, the rows'
+    /// dequantized values), `unit * 2^e` rounded to bf16 with e drawn from `exps`.
+    pub fn refill_rope(&mut self, rng: &mut Rng, values: &mut [f64], exps: &[i32]) {
+        assert_eq!(
+            self.layout.format,
+            KvFormat::Fp8DsMla,
+            "the bf16 RoPE of fp8_ds_mla"
+        );
+        let (bs, rb) = (self.layout.block_size, self.layout.format.row_bytes());
+        for slot in 0..values.len() / HEAD_DIM {
+            let at = (slot / bs) * self.layout.block_stride_bytes + (slot % bs) * rb + 528;
+            for j in 0..ROPE_DIM {
+                let v = bf16::from_f64(rng.unit() * 2f64.powi(rng.pick(exps)));
+                self.bytes[at + 2 * j..at + 2 * j + 2].copy_from_slice(&v.to_bits().to_le_bytes());
+                values[slot * HEAD_DIM + LATENT_DIM + j] = v.to_f64();
+            }
         }
     }
 

@@ -285,6 +285,22 @@ impl<T: Half> HostQuery<T> {
         }
     }
 
+    /// New RoPE values (dims 512..576) `T::from_f64(unit * m)`, `values` from the rounded
+    /// ones (so they may be subnormal numbers of `T`).
+    pub fn refill_rope(&mut self, rng: &mut Rng, m: f64) {
+        let rope_buf = self.bufs.len() - 1;
+        for t in 0..self.tokens {
+            for h in 0..self.heads {
+                let row = (t * self.heads + h) * HEAD_DIM;
+                for d in LATENT_DIM..HEAD_DIM {
+                    let v = T::from_f64(rng.unit() * m);
+                    self.values[row + d] = v.to_f64();
+                    self.bufs[rope_buf][self.rope.at(t, h) + d - LATENT_DIM] = v;
+                }
+            }
+        }
+    }
+
     /// The values of heads `heads` only: `[tokens, heads.len(), 576]`.
     pub fn values_of_heads(&self, heads: &[usize]) -> Vec<f64> {
         let mut v = Vec::with_capacity(self.tokens * heads.len() * HEAD_DIM);
