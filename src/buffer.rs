@@ -40,7 +40,37 @@ pub(crate) mod sealed {
     pub trait IntoViewMut<'a, T> {
         fn into_view_mut(self) -> CudaViewMut<'a, T>;
     }
+
+    /// Element types of which every bit pattern is a value.
+    pub trait AnyBits {}
 }
+
+/// An element type of which every bit pattern is a valid value: the integers, `f32`, `f64`,
+/// [`half::f16`] and [`half::bf16`] (sealed). A cache buffer the crate writes raw bytes into
+/// ([`KvCacheMut`](crate::KvCacheMut)) must hold one of these, so that reading it back as
+/// its own type afterwards is sound (a `bool` buffer, for one, would then hold invalid values).
+pub trait AnyBitPattern: sealed::AnyBits {}
+
+macro_rules! any_bit_pattern {
+    ($($t:ty),*) => {$(
+        impl sealed::AnyBits for $t {}
+        impl AnyBitPattern for $t {}
+    )*};
+}
+any_bit_pattern!(
+    u8,
+    i8,
+    u16,
+    i16,
+    u32,
+    i32,
+    u64,
+    i64,
+    f32,
+    f64,
+    half::f16,
+    half::bf16
+);
 
 /// A device buffer of `T` that a call may read: a [`CudaSlice<T>`], [`CudaView<T>`] or
 /// [`CudaViewMut<T>`], passed as `&buf` (sealed).
@@ -139,13 +169,23 @@ impl<T> std::fmt::Debug for dyn DeviceRead<T> + '_ {
     }
 }
 
+// The argument structs' fields (`&(dyn DeviceRead<T> + Sync)`, so that the structs are Send
+// and Sync).
+impl<T> std::fmt::Debug for dyn DeviceRead<T> + Sync + '_ {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (self as &dyn DeviceRead<T>).fmt(f)
+    }
+}
+
 /// A view of `b` (a `&dyn DeviceRead` field of an argument struct).
 pub(crate) fn view_of<T>(b: &(impl DeviceRead<T> + ?Sized)) -> CudaView<'_, T> {
     sealed::Read::view(b)
 }
 
 /// A view of `b`, or `None`.
-pub(crate) fn view_of_opt<'a, T>(b: Option<&'a dyn DeviceRead<T>>) -> Option<CudaView<'a, T>> {
+pub(crate) fn view_of_opt<'a, T>(
+    b: Option<&'a (dyn DeviceRead<T> + Sync)>,
+) -> Option<CudaView<'a, T>> {
     b.map(|b| sealed::Read::view(b))
 }
 

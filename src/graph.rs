@@ -37,6 +37,14 @@ use crate::error::{Error, Result};
 ///   capture. (Plans set the decode kernels' attributes when they are made.)
 /// - **Keep the buffers alive** as long as the graph: it holds raw device addresses.
 ///
+/// # Safety
+/// The returned graph holds the raw device addresses of everything the captured calls use
+/// (the plan's workspace, the flag, the queries, cache, tables, lengths, outputs) without
+/// borrowing them: until the graph is dropped, none of them may be freed (dropped) or
+/// reallocated while a launch of it may still run, or the replay reads and writes memory
+/// that may belong to another allocation by then. (cudarc's `CudaGraph::launch` is a safe
+/// fn, so this contract sits here, on the capture.)
+///
 /// The capture uses `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL` (other threads are not
 /// affected). It always ends, also when `body` fails; `body`'s error comes first, then a
 /// failed capture (e.g. invalidated by a synchronizing call inside `body`) as
@@ -79,7 +87,9 @@ use crate::error::{Error, Result};
 ///             dense_decode(&stream, &mut plan, &args, &mut Output::contiguous(&mut out, heads), None, Some(&mut flag))
 ///         };
 ///         step()?; // warm-up: every kernel launched once outside the capture
-///         capture_graph(&stream, step)?
+///         // SAFETY: plan, flag, cache, table, seq_lens, q and out outlive `graph` (declared
+///         // before it, dropped after it) and are not reallocated.
+///         unsafe { capture_graph(&stream, step)? }
 ///     };
 ///     // The reset is not in the graph, so the flag keeps the first fault of any replay.
 ///     // (To tell which replay faulted: capture `flag.reset` first and `flag.copy_to` a
@@ -93,7 +103,7 @@ use crate::error::{Error, Result};
 ///     Ok(())
 /// }
 /// ```
-pub fn capture_graph<F>(stream: &Arc<CudaStream>, body: F) -> Result<CudaGraph>
+pub unsafe fn capture_graph<F>(stream: &Arc<CudaStream>, body: F) -> Result<CudaGraph>
 where
     F: FnOnce() -> Result<()>,
 {

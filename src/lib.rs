@@ -7,7 +7,8 @@
 //! It exists for a gap: DeepSeek-V3.2 and GLM-5 use MLA with the DSA indexer (top-2048
 //! sparse attention), and on sm_120 no engine backend ran that combination (FlashMLA builds
 //! only for sm_90/sm_100, FlashInfer MLA wants `qk_nope_head_dim == 128`, vLLM's Triton MLA
-//! has no sparse mode). These kernels fill it, for f16 and bf16 caches.
+//! has no sparse mode). These kernels fill it, for f16 and bf16 caches and the FP8 ones
+//! (fp8_ds_mla, per-tensor fp8).
 //!
 //! The model is weight-absorbed MLA ("MQA mode"): queries and cache rows are 576 wide
 //! ([`HEAD_DIM`] = 512 latent + 64 RoPE), one cache row is shared by all heads, and the
@@ -140,7 +141,7 @@ mod types;
 pub use cudarc;
 pub use half;
 
-pub use buffer::{DeviceRead, DeviceWrite, IntoDeviceRead, IntoDeviceWrite};
+pub use buffer::{AnyBitPattern, DeviceRead, DeviceWrite, IntoDeviceRead, IntoDeviceWrite};
 pub use cache_ops::{
     append_kv, append_kv_split, gather_slots, AppendArgs, AppendSplitArgs, GatherArgs,
 };

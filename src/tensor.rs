@@ -13,7 +13,9 @@
 
 use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DeviceSlice};
 
-use crate::buffer::{self, sealed, Bound, DeviceWrite, IntoDeviceRead, IntoDeviceWrite};
+use crate::buffer::{
+    self, sealed, AnyBitPattern, Bound, DeviceWrite, IntoDeviceRead, IntoDeviceWrite,
+};
 use crate::error::{Error, Result};
 use crate::types::{KvFormat, BLOCK_SIZES, HEAD_DIM, LATENT_DIM};
 use crate::validate::{CacheDesc, IndicesDesc, QueryDesc, Rows, TableDesc};
@@ -379,7 +381,9 @@ impl<'a> KvCache<'a> {
     }
 
     /// The device-resident fp32 scale of a [`KvFormat::Fp8PerTensor`] cache (dequant = e4m3 ·
-    /// `scale[0]`); required for that format, rejected for the others.
+    /// `scale[0]`); required for that format, rejected for the others. It must hold a finite
+    /// number > 0 when the call runs; another (e.g. a buffer never written: 0) is used as it
+    /// is and recorded as [`FaultCode::BadKvScale`](crate::FaultCode::BadKvScale).
     pub fn with_scale(self, scale: impl IntoDeviceRead<'a, f32>) -> Self {
         KvCache {
             scale: Some(sealed::IntoView::into_view(scale)),
@@ -430,7 +434,7 @@ impl<'a> KvCacheMut<'a> {
     ///
     /// Takes `&mut buf` only (not a `CudaViewMut` by value): pass `&mut buf.slice_mut(a..b)`
     /// for a sub-range.
-    pub fn contiguous<E>(
+    pub fn contiguous<E: AnyBitPattern>(
         kv_cache: &'a mut impl DeviceWrite<E>,
         format: KvFormat,
         block_size: usize,
@@ -445,7 +449,10 @@ impl<'a> KvCacheMut<'a> {
     }
 
     /// Blocks as `layout` says; checked by the call that uses it.
-    pub fn new<E>(kv_cache: &'a mut impl DeviceWrite<E>, layout: CacheLayout) -> Self {
+    pub fn new<E: AnyBitPattern>(
+        kv_cache: &'a mut impl DeviceWrite<E>,
+        layout: CacheLayout,
+    ) -> Self {
         KvCacheMut {
             bytes: sealed::Write::bytes_mut(kv_cache),
             layout,
@@ -454,7 +461,9 @@ impl<'a> KvCacheMut<'a> {
     }
 
     /// The device-resident fp32 scale of a [`KvFormat::Fp8PerTensor`] cache (append
-    /// quantizes with it); required for that format, rejected for the others.
+    /// quantizes with it); required for that format, rejected for the others. It must hold a
+    /// finite number > 0; another is used as it is (IEEE division: 0 stores ±448 and NaN) and
+    /// recorded as [`FaultCode::BadKvScale`](crate::FaultCode::BadKvScale).
     pub fn with_scale(self, scale: impl IntoDeviceRead<'a, f32>) -> Self {
         KvCacheMut {
             scale: Some(sealed::IntoView::into_view(scale)),

@@ -81,6 +81,7 @@ pub trait Element:
     sealed::Sealed
     + DeviceRepr
     + ValidAsZeroBits
+    + crate::buffer::AnyBitPattern
     + Copy
     + Default
     + PartialEq

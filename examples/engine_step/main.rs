@@ -279,7 +279,8 @@ fn run(opts: &Options) -> Result<bool, Box<dyn std::error::Error>> {
     );
 
     // The capture: once (everything it touches exists already).
-    let graph = capture_graph(&stream, || engine.enqueue_step())?;
+    // SAFETY: the engine owns every buffer the step uses and outlives `graph`.
+    let graph = unsafe { capture_graph(&stream, || engine.enqueue_step())? };
     let mut timer = ReplayTimer::new(&stream, 4)?;
     let mut reading = FlagReading::new(&stream)?;
     let mut first_fault: Option<(usize, [u32; 4])> = None;

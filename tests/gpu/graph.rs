@@ -16,7 +16,8 @@ use crate::plumbing::{cache_rows, close, expected};
 fn gpu_capture_graph() {
     // A context of its own: event tracking is turned off on it (context-wide, unsafe).
     let (ctx, tracked) = gpu();
-    let refused = capture_graph(&tracked, || Ok(()));
+    // SAFETY: nothing is captured (refused).
+    let refused = unsafe { capture_graph(&tracked, || Ok(())) };
     assert!(
         matches!(refused, Err(Error::Capture(_))),
         "{:?}",
@@ -76,22 +77,25 @@ fn gpu_capture_graph() {
         .unwrap();
         flag.copy_to(&stream, &mut snapshot).unwrap();
         stream.synchronize().unwrap();
-        capture_graph(&stream, || {
-            // Allocating inside the capture is refused.
-            let inner = DecodePlan::dense(&stream, shape, PlanOptions::default());
-            assert!(matches!(inner, Err(Error::Capture(_))), "{inner:?}");
-            assert!(matches!(ErrorFlag::new(&stream), Err(Error::Capture(_))));
-            flag.reset(&stream)?;
-            dense_decode(
-                &stream,
-                &mut plan,
-                &args,
-                &mut Output::contiguous(&mut out, heads),
-                None,
-                Some(&mut flag),
-            )?;
-            flag.copy_to(&stream, &mut snapshot)
-        })
+        // SAFETY: every buffer of the step outlives the graph.
+        unsafe {
+            capture_graph(&stream, || {
+                // Allocating inside the capture is refused.
+                let inner = DecodePlan::dense(&stream, shape, PlanOptions::default());
+                assert!(matches!(inner, Err(Error::Capture(_))), "{inner:?}");
+                assert!(matches!(ErrorFlag::new(&stream), Err(Error::Capture(_))));
+                flag.reset(&stream)?;
+                dense_decode(
+                    &stream,
+                    &mut plan,
+                    &args,
+                    &mut Output::contiguous(&mut out, heads),
+                    None,
+                    Some(&mut flag),
+                )?;
+                flag.copy_to(&stream, &mut snapshot)
+            })
+        }
         .unwrap()
     };
     for len in [1i32, 17, 64, 65] {
@@ -157,7 +161,8 @@ fn sparse_capture_graph_replay() {
             )
         };
         step().unwrap(); // warm-up: every kernel launched once outside the capture
-        capture_graph(&stream, step).unwrap()
+                         // SAFETY: every buffer of the step outlives the graph.
+        unsafe { capture_graph(&stream, step) }.unwrap()
     };
     let got = Outputs::read(&stream, &out, Some(&lse), &flag);
     let want = s.reference(&q, &heads_all);

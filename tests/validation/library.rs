@@ -53,6 +53,7 @@ fn fault_codes_and_flag_words() {
         (5, FaultCode::BadReqId),
         (6, FaultCode::BadAppendSlot),
         (7, FaultCode::BadTopkLen),
+        (8, FaultCode::BadKvScale),
         (42, FaultCode::Unknown(42)),
     ];
     for (n, code) in codes {
@@ -137,4 +138,23 @@ fn formats_and_dims() {
     assert_eq!(KvFormat::Bf16.dtype(), Some(DType::Bf16));
     assert_eq!(HEAD_DIM, LATENT_DIM + ROPE_DIM);
     assert_eq!(DType::F16.kv_format(), KvFormat::F16);
+}
+
+/// The argument structs, views, plans and flags can be made on one thread and used on
+/// another (an engine's scheduler thread builds a step, a worker enqueues it).
+#[test]
+fn api_types_are_send_and_sync() {
+    fn send_sync<T: Send + Sync>() {}
+    use mla_decode::half::bf16;
+    send_sync::<mla_decode::DenseArgs<'static, bf16>>();
+    send_sync::<mla_decode::SparseArgs<'static, bf16>>();
+    send_sync::<mla_decode::AppendArgs<'static, bf16>>();
+    send_sync::<mla_decode::AppendSplitArgs<'static, bf16>>();
+    send_sync::<mla_decode::GatherArgs<'static>>();
+    send_sync::<mla_decode::Query<'static, bf16>>();
+    send_sync::<mla_decode::Output<'static, bf16>>();
+    send_sync::<mla_decode::KvCache<'static>>();
+    send_sync::<mla_decode::KvCacheMut<'static>>();
+    send_sync::<mla_decode::DecodePlan>();
+    send_sync::<ErrorFlag>();
 }
