@@ -137,7 +137,8 @@ typedef enum {
                                        value = topk_len */
     MLA_FAULT_BAD_KV_SCALE = 8      /* per-tensor fp8 (append and decode): *kv_scale is not a finite
                                        number > 0 (e.g. a scale buffer never written: 0); used as it
-                                       is, with IEEE arithmetic: row = 0, value = the fp32 bits */
+                                       is, with IEEE arithmetic: row = 0, value = the fp32 bits
+                                       (zero-extended, not sign-extended) */
 } mla_fault_code_t;
 
 /* ---- tuning: experiment overrides of the schedule's choices --------------------- */

@@ -40,7 +40,8 @@ pub enum FaultCode {
     /// Sparse: a `topk_len` outside `0..=topk`, clamped; row = token, value = topk_len.
     BadTopkLen,
     /// Per-tensor fp8 (append and decode): the cache's scale is not a finite number > 0
-    /// (e.g. a scale buffer never written: 0), used as it is; row = 0, value = its fp32 bits.
+    /// (e.g. a scale buffer never written: 0), used as it is; row = 0, value = its fp32 bits
+    /// as a u32, zero-extended (`f32::from_bits(value as u32)`).
     BadKvScale,
     /// A code this version does not know.
     Unknown(u32),
@@ -111,7 +112,7 @@ impl std::fmt::Display for FaultCode {
 /// A caller-owned device flag of 4 u32 words `{code, row, value low 32 bits, value high 32
 /// bits}` where kernels record the first fault they find in values the host cannot see
 /// (first fault wins; a 32-bit value is stored sign-extended, so word 3 is `0xffffffff` for
-/// a negative one).
+/// a negative one; except [`FaultCode::BadKvScale`]'s, the scale's bits as a u32).
 ///
 /// Every bad value the device meets is both handled (skipped or clamped, docs/DESIGN.md §6)
 /// and recorded here when a flag is given.

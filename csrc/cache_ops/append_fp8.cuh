@@ -83,8 +83,10 @@ __global__ void __launch_bounds__(kAppendWarps * 32) append_fp8_kernel(const App
     for (int tile = 0; tile < kFp8DsMlaTiles; ++tile) w[tile] = ld_issue_v2(nope + tile * kFp8DsMlaTile * 2);
     const uint32_t r_in = ld_issue_b32(rope);
     const float s_tensor = kFormat == Fp8CacheFormat::PerTensor ? __uint_as_float(ld_issue_b32(a.tensor_scale)) : 0.f;
-    if (kFormat == Fp8CacheFormat::PerTensor && t == 0 && lane == 0) check_tensor_scale(a.flag, s_tensor);
     const int64_t slot = a.slot_mapping[t];
+    // (after the slot's load: tested before it, the scale's compare made every warp wait for
+    // the scale before issuing the slot's load, two round trips)
+    if (kFormat == Fp8CacheFormat::PerTensor && t == 0 && lane == 0) check_tensor_scale(a.flag, s_tensor);
     if (slot == -1) return;
     if (slot < 0 || slot >= a.num_slots) {
         if (lane == 0) record_fault(a.flag, MLA_FAULT_BAD_APPEND_SLOT, t, slot);
