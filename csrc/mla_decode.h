@@ -64,7 +64,8 @@ extern "C" {
 typedef enum {
     MLA_STATUS_OK = 0,
     MLA_STATUS_INVALID_ARGUMENT = 1, /* a host-side check failed: mla_last_error() names the field */
-    MLA_STATUS_UNSUPPORTED = 2,      /* valid but not implemented by this build or version */
+    MLA_STATUS_UNSUPPORTED = 2,      /* valid but not implemented by this build or version (also: a GPU
+                                        whose architecture the build has no kernels for) */
     MLA_STATUS_NO_DEVICE = 3,        /* no CUDA driver or device (calls run on the thread's
                                         current device, as the CUDA runtime does: device 0
                                         and its primary context when none is current) */

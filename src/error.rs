@@ -32,7 +32,8 @@ pub enum Error {
     },
     /// The crate was built without nvcc, so it holds no kernels.
     KernelsNotBuilt,
-    /// Valid but not implemented by this build or version.
+    /// Valid but not implemented by this build or version (also: a GPU whose architecture
+    /// this build has no kernels for; rebuild with it in `MLA_CUDA_ARCHS`).
     Unsupported(String),
     /// CUDA-graph capture: [`capture_graph`](crate::capture_graph) refused to start (event
     /// tracking still on, the stream already capturing) or the capture failed, or a call

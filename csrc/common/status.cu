@@ -33,6 +33,16 @@ mla_status_t mla::cuda_fail(cudaError_t e, const char* what) {
     const bool no_device = e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ||
                            e == cudaErrorInitializationError || e == cudaErrorStubLibrary ||
                            e == cudaErrorDevicesUnavailable;
+    // a GPU whose architecture this build has no code for (e.g. an sm_89 card and the default
+    // MLA_CUDA_ARCHS=120,90): valid, but not implemented by this build
+    const bool no_image = e == cudaErrorNoKernelImageForDevice || e == cudaErrorUnsupportedPtxVersion ||
+                          e == cudaErrorInvalidKernelImage;
+    if (no_image) {
+        return fail(MLA_STATUS_UNSUPPORTED,
+                    "%s failed: %s (cudaError_t %d): this build has no kernels for this GPU's architecture "
+                    "(rebuild with it in MLA_CUDA_ARCHS, e.g. MLA_CUDA_ARCHS=89,90,120)",
+                    what, cudaGetErrorString(e), static_cast<int>(e));
+    }
     return fail(no_device ? MLA_STATUS_NO_DEVICE : MLA_STATUS_CUDA_ERROR, "%s failed: %s (cudaError_t %d)", what,
                 cudaGetErrorString(e), static_cast<int>(e));
 }

@@ -14,7 +14,8 @@ void enter(const char* function);
 // Records "function: message" as the thread's last error and returns status.
 mla_status_t fail(mla_status_t status, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 // A failed CUDA runtime call: MLA_STATUS_NO_DEVICE when it says there is no driver or
-// device, else MLA_STATUS_CUDA_ERROR with mla_last_cuda_error() = e.
+// device, MLA_STATUS_UNSUPPORTED when this build has no kernel image for the GPU, else
+// MLA_STATUS_CUDA_ERROR; mla_last_cuda_error() = e in every case.
 mla_status_t cuda_fail(cudaError_t e, const char* what);
 
 // The host checks' alignment tests: a 16-byte aligned address, and an element stride of
