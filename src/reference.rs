@@ -29,8 +29,8 @@ pub struct Fault {
     pub code: u32,
     /// The request (dense, seq_len and block faults) or the query token (sparse, gather).
     pub row: u32,
-    /// The offending value (seq_len, topk_len, block-table entry, slot id, request id or
-    /// append slot), as the flag's words 2 and 3 hold it.
+    /// The offending value (seq_len, topk_len, block-table entry, slot id, request id,
+    /// append slot, or a per-tensor scale's bits), as the flag's words 2 and 3 hold it.
     pub value: i64,
 }
 

@@ -169,6 +169,18 @@ pub fn quantize_row_per_tensor(row: &[f64], scale: f32) -> [u8; TENSOR_ROW_BYTES
     std::array::from_fn(|j| e4m3_encode((row[j] as f32 / scale) as f64))
 }
 
+/// The fault the kernels record for a per-tensor fp8 scale (the append and both decodes, once
+/// per call): [`BAD_KV_SCALE`](super::fault_code::BAD_KV_SCALE) when it is not a finite
+/// number > 0, row 0, value = its bits zero-extended. The scale is used as it is either way
+/// (the functions here take it with IEEE arithmetic too).
+pub fn tensor_scale_fault(scale: f32) -> Option<super::Fault> {
+    (!(scale > 0.0 && scale.is_finite())).then(|| super::Fault {
+        code: super::fault_code::BAD_KV_SCALE,
+        row: 0,
+        value: i64::from(scale.to_bits()),
+    })
+}
+
 /// Dequantize a per-tensor fp8 row: e4m3 · scale exactly.
 pub fn dequantize_row_per_tensor(bytes: &[u8], scale: f32) -> [f64; HEAD_DIM] {
     assert_eq!(

@@ -2,7 +2,7 @@
 //! rounding and saturation, row round trips under both scale rules, bf16 rounding.
 
 use mla_decode::reference::fp8::{self, ScaleRule};
-use mla_decode::reference::{HEAD_DIM, LATENT_DIM};
+use mla_decode::reference::{fault_code, HEAD_DIM, LATENT_DIM};
 use proptest::prelude::*;
 
 use crate::kit::Rng;
@@ -160,5 +160,30 @@ fn e4m3_rounding_and_saturation() {
                 "{x} -> {d}, but {v} is nearer"
             );
         }
+    }
+}
+
+/// A per-tensor scale is a fault unless it is a finite number > 0; the value is its bits,
+/// zero-extended (as the kernels record it).
+#[test]
+fn tensor_scale_faults() {
+    for s in [0.5f32, 1e-30, 3.0e38, f32::MIN_POSITIVE, 1e-45] {
+        assert_eq!(fp8::tensor_scale_fault(s), None, "{s}");
+    }
+    for s in [
+        0.0f32,
+        -0.0,
+        -1.0,
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+    ] {
+        let f = fp8::tensor_scale_fault(s).expect("a fault");
+        assert_eq!(
+            (f.code, f.row, f.value),
+            (fault_code::BAD_KV_SCALE, 0, i64::from(s.to_bits())),
+            "{s}"
+        );
+        assert!(f.value >= 0, "zero-extended: {s}");
     }
 }
