@@ -73,8 +73,9 @@ any_bit_pattern!(
 );
 
 /// A device buffer of `T` that a call may read: a [`CudaSlice<T>`], [`CudaView<T>`] or
-/// [`CudaViewMut<T>`], passed as `&buf` (sealed).
-pub trait DeviceRead<T>: sealed::Read<T> {}
+/// [`CudaViewMut<T>`], passed as `&buf` (sealed). `Sync`, so that the argument structs
+/// holding `&dyn DeviceRead<T>` fields are `Send` and `Sync`.
+pub trait DeviceRead<T>: sealed::Read<T> + Sync {}
 
 /// A device buffer of `T` that a call may write: a [`CudaSlice<T>`] or [`CudaViewMut<T>`],
 /// passed as `&mut buf` (sealed).
@@ -105,8 +106,8 @@ impl<T> sealed::Read<T> for CudaViewMut<'_, T> {
     }
 }
 impl<T> DeviceRead<T> for CudaSlice<T> {}
-impl<T> DeviceRead<T> for CudaView<'_, T> {}
-impl<T> DeviceRead<T> for CudaViewMut<'_, T> {}
+impl<T: Sync> DeviceRead<T> for CudaView<'_, T> {}
+impl<T: Sync> DeviceRead<T> for CudaViewMut<'_, T> {}
 
 impl<T> sealed::Write<T> for CudaSlice<T> {
     fn view_mut(&mut self) -> CudaViewMut<'_, T> {
@@ -129,7 +130,7 @@ impl<T> sealed::Write<T> for CudaViewMut<'_, T> {
     }
 }
 impl<T> DeviceWrite<T> for CudaSlice<T> {}
-impl<T> DeviceWrite<T> for CudaViewMut<'_, T> {}
+impl<T: Sync> DeviceWrite<T> for CudaViewMut<'_, T> {}
 
 impl<'a, T, B: DeviceRead<T> + ?Sized> sealed::IntoView<'a, T> for &'a B {
     fn into_view(self) -> CudaView<'a, T> {
@@ -169,23 +170,13 @@ impl<T> std::fmt::Debug for dyn DeviceRead<T> + '_ {
     }
 }
 
-// The argument structs' fields (`&(dyn DeviceRead<T> + Sync)`, so that the structs are Send
-// and Sync).
-impl<T> std::fmt::Debug for dyn DeviceRead<T> + Sync + '_ {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        (self as &dyn DeviceRead<T>).fmt(f)
-    }
-}
-
 /// A view of `b` (a `&dyn DeviceRead` field of an argument struct).
 pub(crate) fn view_of<T>(b: &(impl DeviceRead<T> + ?Sized)) -> CudaView<'_, T> {
     sealed::Read::view(b)
 }
 
 /// A view of `b`, or `None`.
-pub(crate) fn view_of_opt<'a, T>(
-    b: Option<&'a (dyn DeviceRead<T> + Sync)>,
-) -> Option<CudaView<'a, T>> {
+pub(crate) fn view_of_opt<'a, T>(b: Option<&'a dyn DeviceRead<T>>) -> Option<CudaView<'a, T>> {
     b.map(|b| sealed::Read::view(b))
 }
 

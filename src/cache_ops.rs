@@ -19,12 +19,12 @@ use crate::validate;
 pub struct AppendArgs<'a, T> {
     /// New 576-wide rows `[num_tokens, 576]` in the query dtype, rows `kv_token_stride`
     /// elements apart.
-    pub kv: &'a (dyn DeviceRead<T> + Sync),
+    pub kv: &'a dyn DeviceRead<T>,
     /// Elements between rows of `kv` (`>= 576`, a multiple of 16 bytes).
     pub kv_token_stride: usize,
     /// Where row `i` goes, `[num_tokens]` int64: `block_id · block_size + offset`; `-1` is
     /// skipped, a slot outside the cache is skipped and recorded in the flag.
-    pub slot_mapping: &'a (dyn DeviceRead<i64> + Sync),
+    pub slot_mapping: &'a dyn DeviceRead<i64>,
     /// Rows to append; `kv` and `slot_mapping` may be longer (preallocated buffers). 0 is a
     /// no-op.
     pub num_tokens: usize,
@@ -89,17 +89,17 @@ pub fn append_kv<T: Element>(
 pub struct AppendSplitArgs<'a, T> {
     /// The latent part of the new rows, `[num_tokens, 512]` in the query dtype, rows
     /// `kv_nope_token_stride` elements apart.
-    pub kv_nope: &'a (dyn DeviceRead<T> + Sync),
+    pub kv_nope: &'a dyn DeviceRead<T>,
     /// Elements between rows of `kv_nope` (`>= 512`, a multiple of 16 bytes).
     pub kv_nope_token_stride: usize,
     /// The RoPE part, `[num_tokens, 64]` in the same dtype (16-byte aligned), rows
     /// `kv_rope_token_stride` elements apart.
-    pub kv_rope: &'a (dyn DeviceRead<T> + Sync),
+    pub kv_rope: &'a dyn DeviceRead<T>,
     /// Elements between rows of `kv_rope` (`>= 64`, a multiple of 16 bytes: e.g. 576 where
     /// `k_pe` is a view into the projection's `[num_tokens, 576]` output).
     pub kv_rope_token_stride: usize,
     /// Where row `i` goes, as in [`AppendArgs::slot_mapping`].
-    pub slot_mapping: &'a (dyn DeviceRead<i64> + Sync),
+    pub slot_mapping: &'a dyn DeviceRead<i64>,
     /// Rows to append; the buffers may be longer. 0 is a no-op.
     pub num_tokens: usize,
     /// As in [`AppendArgs::scale_rule`].
@@ -157,10 +157,10 @@ pub fn append_kv_split<T: Element>(
 
 /// Both appends' arguments: `kv` whole rows, or their latent part when `rope` is given.
 struct Rows<'a, T> {
-    kv: &'a (dyn DeviceRead<T> + Sync),
+    kv: &'a dyn DeviceRead<T>,
     kv_token_stride: usize,
-    rope: Option<(&'a (dyn DeviceRead<T> + Sync), usize)>,
-    slot_mapping: &'a (dyn DeviceRead<i64> + Sync),
+    rope: Option<(&'a dyn DeviceRead<T>, usize)>,
+    slot_mapping: &'a dyn DeviceRead<i64>,
     num_tokens: usize,
     scale_rule: Option<ScaleRule>,
 }
@@ -238,16 +238,16 @@ fn append<T: Element>(
 pub struct GatherArgs<'a> {
     /// Positions within each token's request, `[num_tokens, topk]` int32, rows
     /// `positions_stride` elements apart.
-    pub positions: &'a (dyn DeviceRead<i32> + Sync),
+    pub positions: &'a dyn DeviceRead<i32>,
     /// Elements between rows of `positions` (`>= topk`).
     pub positions_stride: usize,
     /// The request of each token, `[num_tokens]` int32.
-    pub req_id: &'a (dyn DeviceRead<i32> + Sync),
+    pub req_id: &'a dyn DeviceRead<i32>,
     /// Block table `[batch, max_blocks_per_seq]`: `batch` is the number of requests.
     pub block_table: BlockTable<'a>,
     /// Cache rows per request, `[batch]` int32, clamped to `0..=max_blocks_per_seq ·
     /// block_size`; a bad one is recorded in the flag.
-    pub seq_lens: &'a (dyn DeviceRead<i32> + Sync),
+    pub seq_lens: &'a dyn DeviceRead<i32>,
     /// The cache the slot ids are for, the one the sparse decode then reads: its
     /// `block_size` splits positions, its `num_blocks` bounds block ids (its data is not
     /// read, so any format works).

@@ -30,7 +30,7 @@ pub struct DenseArgs<'a, T> {
     pub block_table: BlockTable<'a>,
     /// This step's cache rows per request, `[batch]` int32 (a longer buffer is fine),
     /// clamped to `0..=max_blocks_per_seq · block_size`; a bad one is recorded in the flag.
-    pub seq_lens: &'a (dyn DeviceRead<i32> + Sync),
+    pub seq_lens: &'a dyn DeviceRead<i32>,
     /// Factor applied to every `q · k` (finite, > 0; [`MlaConfig::softmax_scale`](crate::MlaConfig::softmax_scale)).
     pub softmax_scale: f32,
 }
@@ -47,7 +47,7 @@ pub struct SparseArgs<'a, T> {
     /// Leading entries of each indices row to use, `[num_tokens]` int32 (a longer buffer is
     /// fine), clamped to `0..=topk` (a clamped one is recorded in the flag as
     /// [`FaultCode::BadTopkLen`](crate::FaultCode::BadTopkLen)); `None`: `topk` each.
-    pub topk_len: Option<&'a (dyn DeviceRead<i32> + Sync)>,
+    pub topk_len: Option<&'a dyn DeviceRead<i32>>,
     /// Factor applied to every `q · k` (finite, > 0).
     pub softmax_scale: f32,
 }

@@ -191,25 +191,25 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint16_t v) {
     return r;
 #endif
 }
-// e4m3x4 -> two f16x2: lo = bytes 0,1; hi = bytes 2,3. The halves are split inside the asm
-// (mov.b32 {l, h}) so that ptxas reads the high one as an operand half (F2FP ... R.H1)
-// instead of shifting it out first (one instruction per register saved).
-__device__ __forceinline__ void e4m3x4_to_f16x2x2(uint32_t v, uint32_t& lo, uint32_t& hi) {
-#if !MLA_FP8_CVT
+// e4m3x4 -> two f16x2: lo = bytes 0,1; hi = bytes 2,3, the high half shifted out first (an
+// extra instruction per register against e4m3x4_to_f16x2x2 below, but ptxas allocates
+// registers differently: the fp8 32-row kernel, at sm_120's register cap, spills without it;
+// decode/fp8_phases.cuh, fp8_pv_step).
+__device__ __forceinline__ void e4m3x4_to_f16x2x2_shifted(uint32_t v, uint32_t& lo, uint32_t& hi) {
     lo = e4m3x2_to_f16x2(static_cast<uint16_t>(v & 0xffffu));
     hi = e4m3x2_to_f16x2(static_cast<uint16_t>(v >> 16));
+}
+// The same with the halves split inside the asm (mov.b32 {l, h}) so that ptxas reads the high
+// one as an operand half (F2FP ... R.H1) instead of shifting it out first (one instruction per
+// register saved); below sm_89 the software form above.
+__device__ __forceinline__ void e4m3x4_to_f16x2x2(uint32_t v, uint32_t& lo, uint32_t& hi) {
+#if !MLA_FP8_CVT
+    e4m3x4_to_f16x2x2_shifted(v, lo, hi);
 #else
     asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
         : "=r"(lo), "=r"(hi)
         : "r"(v));
 #endif
-}
-// The same with the high half shifted out first (an extra instruction per register, but ptxas
-// allocates registers differently: the fp8 32-row kernel, at sm_120's register cap, spills
-// without it; decode/fp8_phases.cuh, fp8_pv_step).
-__device__ __forceinline__ void e4m3x4_to_f16x2x2_shifted(uint32_t v, uint32_t& lo, uint32_t& hi) {
-    lo = e4m3x2_to_f16x2(static_cast<uint16_t>(v & 0xffffu));
-    hi = e4m3x2_to_f16x2(static_cast<uint16_t>(v >> 16));
 }
 
 // ---- 16-bit inputs -> fp32 (exact), and f16 -> bf16 rounding ---------------------------

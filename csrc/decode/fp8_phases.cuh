@@ -207,17 +207,20 @@ __device__ __forceinline__ void fp8_q_f16_rope_split(uint32_t (&qf)[C::kQFrags][
         for (int i = 0; i < 4; ++i) f16x2_split_bf16(qf[S::kLatSteps + rs][i], qf[S::kLatSteps + rs][i], qf[C::kSKSteps + rs][i]);
 }
 
+// Whether the RoPE products of queries of type T take a lo term (f16: bf16 hi + lo).
+template <typename T>
+constexpr bool kRopeLo = std::is_same<T, __half>::value;
+
 // The RoPE step rs's query fragment as bf16 hi and lo terms: f16 queries (split at the segment
-// start with one m-tile, here with two), or bf16 queries (hi as loaded, no lo: *has_lo false).
+// start with one m-tile, here with two), or bf16 queries (hi as loaded; lo not set).
 template <typename T, typename C>
-__device__ __forceinline__ bool fp8_rope_q(const uint32_t (&qf)[C::kQFrags][4], int rs, uint32_t (&hi)[4],
+__device__ __forceinline__ void fp8_rope_q(const uint32_t (&qf)[C::kQFrags][4], int rs, uint32_t (&hi)[4],
                                            uint32_t (&lo)[4]) {
     using S = Fp8Split<C>;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        if constexpr (!std::is_same<T, __half>::value) {
+        if constexpr (!kRopeLo<T>) {
             hi[i] = qf[S::kLatSteps + rs][i];
-            lo[i] = 0u;
         } else if constexpr (C::kRopeLoSteps > 0) {
             hi[i] = qf[S::kLatSteps + rs][i];
             lo[i] = qf[C::kSKSteps + rs][i];
@@ -225,7 +228,6 @@ __device__ __forceinline__ bool fp8_rope_q(const uint32_t (&qf)[C::kQFrags][4], 
             f16x2_split_bf16(qf[S::kLatSteps + rs][i], hi[i], lo[i]);
         }
     }
-    return std::is_same<T, __half>::value;
 }
 
 // fp8 rows in the 4-warp 8-row configuration compute both products transposed (kSwapPV in
@@ -302,10 +304,10 @@ __device__ __forceinline__ void fp8_score_partials_t(uint32_t kv_base, const uin
             uint32_t b[4];
             ldmatrix_x4(b, row + kFp8DsMlaRopeOffset + 16 * (2 * (kh * S::kRopeSteps + rs) + col_half));
             uint32_t qh[4], ql[4];
-            const bool has_lo = fp8_rope_q<T, C>(qf, rs, qh, ql);
+            fp8_rope_q<T, C>(qf, rs, qh, ql);
             const uint32_t ar[4] = {b[0], b[2], b[1], b[3]};
             mma16816<__nv_bfloat16>(v, ar, qh[0], qh[2]);
-            if (has_lo) mma16816<__nv_bfloat16>(v, ar, ql[0], ql[2]);
+            if constexpr (kRopeLo<T>) mma16816<__nv_bfloat16>(v, ar, ql[0], ql[2]);
         }
     } else {
         const float ts = lds_f32(kv_base + kFp8TensorRowBytes);  // staged row 0's copy of the tensor scale
@@ -401,11 +403,11 @@ __device__ __forceinline__ void fp8_score_partials_m(uint32_t kv_base, const uin
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt) {
                 uint32_t qh[4], ql[4];
-                const bool has_lo = fp8_rope_q<T, C>(qf[mt], rs, qh, ql);
+                fp8_rope_q<T, C>(qf[mt], rs, qh, ql);
 #pragma unroll
                 for (int n = 0; n < 2; ++n) {
                     mma16816<__nv_bfloat16>(s[mt][n], qh, b[2 * n], b[2 * n + 1]);
-                    if (has_lo) mma16816<__nv_bfloat16>(s[mt][n], ql, b[2 * n], b[2 * n + 1]);
+                    if constexpr (kRopeLo<T>) mma16816<__nv_bfloat16>(s[mt][n], ql, b[2 * n], b[2 * n + 1]);
                 }
             }
         }

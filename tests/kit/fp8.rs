@@ -76,6 +76,12 @@ impl Fp8Cache {
         let stride = bs * rb + 16 * rng.below(3);
         let mut bytes = vec![0x7fu8; cache.num_blocks * stride];
         let tensor_scale = (8.0 / 448.0 * rng.pick(&[0.5f64, 1.0, 2.0, 1.37]) * mag) as f32;
+        let layout = CacheLayout {
+            format: kind.format,
+            block_size: bs,
+            num_blocks: cache.num_blocks,
+            block_stride_bytes: stride,
+        };
         let mut values = Vec::with_capacity(cache.num_slots() * HEAD_DIM);
         let mut row = vec![0.0f64; HEAD_DIM];
         for slot in 0..cache.num_slots() {
@@ -86,7 +92,7 @@ impl Fp8Cache {
                 let m = 2f64.powi(rng.range(0, 8) as i32 - 4) * mag;
                 tile.iter_mut().for_each(|x| *x *= m);
             }
-            let at = (slot / bs) * stride + (slot % bs) * rb;
+            let at = slot_offset(&layout, slot);
             let dst = &mut bytes[at..at + rb];
             match kind.format {
                 KvFormat::Fp8DsMla => {
@@ -105,12 +111,7 @@ impl Fp8Cache {
         cache.values = Some(values);
         Fp8Cache {
             bytes,
-            layout: CacheLayout {
-                format: kind.format,
-                block_size: bs,
-                num_blocks: cache.num_blocks,
-                block_stride_bytes: stride,
-            },
+            layout,
             tensor_scale,
         }
     }
@@ -123,9 +124,8 @@ impl Fp8Cache {
             KvFormat::Fp8DsMla,
             "the bf16 RoPE of fp8_ds_mla"
         );
-        let (bs, rb) = (self.layout.block_size, self.layout.format.row_bytes());
         for slot in 0..values.len() / HEAD_DIM {
-            let at = (slot / bs) * self.layout.block_stride_bytes + (slot % bs) * rb + 528;
+            let at = slot_offset(&self.layout, slot) + fp8::ROPE_OFFSET;
             for j in 0..ROPE_DIM {
                 let v = bf16::from_f64(rng.unit() * 2f64.powi(rng.pick(exps)));
                 self.bytes[at + 2 * j..at + 2 * j + 2].copy_from_slice(&v.to_bits().to_le_bytes());
@@ -153,6 +153,12 @@ impl Fp8Cache {
             kv
         }
     }
+}
+
+/// Byte offset of global slot `slot`'s row in a cache laid out as `layout`.
+pub fn slot_offset(layout: &CacheLayout, slot: usize) -> usize {
+    (slot / layout.block_size) * layout.block_stride_bytes
+        + (slot % layout.block_size) * layout.format.row_bytes()
 }
 
 /// An uploaded fp8 cache.

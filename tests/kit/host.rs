@@ -268,34 +268,29 @@ impl<T: Half> HostQuery<T> {
 
     /// New random values in the same layout.
     pub fn refill(&mut self, rng: &mut Rng) {
+        self.refill_dims(rng, 0..HEAD_DIM, 1.0);
+    }
+
+    /// New RoPE values (dims 512..576) `T::from_f64(unit * m)`, `values` from the rounded
+    /// ones (so they may be subnormal numbers of `T`).
+    pub fn refill_rope(&mut self, rng: &mut Rng, m: f64) {
+        self.refill_dims(rng, LATENT_DIM..HEAD_DIM, m);
+    }
+
+    /// New values `T::from_f64(unit * m)` in dims `dims` of every (token, head) row.
+    fn refill_dims(&mut self, rng: &mut Rng, dims: std::ops::Range<usize>, m: f64) {
         let rope_buf = self.bufs.len() - 1;
         for t in 0..self.tokens {
             for h in 0..self.heads {
                 let row = (t * self.heads + h) * HEAD_DIM;
-                for d in 0..HEAD_DIM {
-                    let v = T::from_f64(rng.unit());
+                for d in dims.clone() {
+                    let v = T::from_f64(rng.unit() * m);
                     self.values[row + d] = v.to_f64();
                     if d < LATENT_DIM {
                         self.bufs[0][self.nope.at(t, h) + d] = v;
                     } else {
                         self.bufs[rope_buf][self.rope.at(t, h) + d - LATENT_DIM] = v;
                     }
-                }
-            }
-        }
-    }
-
-    /// New RoPE values (dims 512..576) `T::from_f64(unit * m)`, `values` from the rounded
-    /// ones (so they may be subnormal numbers of `T`).
-    pub fn refill_rope(&mut self, rng: &mut Rng, m: f64) {
-        let rope_buf = self.bufs.len() - 1;
-        for t in 0..self.tokens {
-            for h in 0..self.heads {
-                let row = (t * self.heads + h) * HEAD_DIM;
-                for d in LATENT_DIM..HEAD_DIM {
-                    let v = T::from_f64(rng.unit() * m);
-                    self.values[row + d] = v.to_f64();
-                    self.bufs[rope_buf][self.rope.at(t, h) + d - LATENT_DIM] = v;
                 }
             }
         }
