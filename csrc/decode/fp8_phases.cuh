@@ -91,6 +91,32 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t sel) {
     return d;
 }
 
+// fp8 rows in the 4-warp 8-row configuration compute both products transposed (kSwapPV in
+// the header): o holds Oᵀ, and S is computed as Sᵀ and stored to the partials in S's layout. (Log #72: 1-4 % faster on the fp8_ds_mla streaming rows, per-tensor fp8 within 0.5 %,
+// and 32-40 registers fewer, which lets three CTAs share an H200 SM; the 8-warp 8-row
+// configuration, which serves the small steps, measured 0.9 µs slower with it.)
+template <typename C>
+constexpr bool kSwapPV = C::Format::kFp8 && C::kHalfM && C::kWarps == 4;
+
+// f16 queries go to the MMAs as loaded: where they are the A operand (not kSwapPV) their
+// latent steps' words are loaded one by one (kQWords). A 64-bit load puts a fragment row's pair
+// (a0, a2) or (a1, a3) into one aligned register pair, while the MMA wants a0..a3 in one
+// aligned quad, so ptxas copied the quad together again before every MMA (4 moves per MMA: 128
+// per warp-tile in the 16-row kernel). bf16 queries are rewritten at the segment start
+// (fp8_q_bf16_to_f16) and keep the one load; kSwapPV's B operand is the loaded pair itself.
+template <typename C>
+constexpr bool kQWords = std::is_same<typename C::Format::Elem, __half>::value && !kSwapPV<C>;
+__device__ __forceinline__ uint2 q_words(const uint8_t* src) {
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(src);
+    return make_uint2(w[0], w[1]);
+}
+// (shared memory: volatile loads, which ptxas would otherwise merge into one 64-bit load again)
+__device__ __forceinline__ uint2 q_words(uint32_t src) {
+    uint2 v;
+    asm volatile("ld.volatile.shared.b32 %0, [%2];\nld.volatile.shared.b32 %1, [%2+4];\n" : "=r"(v.x), "=r"(v.y) : "r"(src) : "memory");
+    return v;
+}
+
 // ---- phase: start a segment (the query's A fragments) ------------------------------------
 // This lane's A fragments of m-tile mt: latent steps permuted (a0/a2 = Q[g][16k + 4tq ..],
 // a1/a3 row g + 8), RoPE steps as ldmatrix gives them; from the staged Q tile (q_base; rows
@@ -108,7 +134,10 @@ __device__ __forceinline__ void fp8_q_from_smem(uint32_t q_base, int kh, int qro
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
             uint2 v = make_uint2(0u, 0u);  // rows 8-15 of a half m-tile: zero
-            if (hf < C::kFragRows) v = lds<uint2>(q_base + q_chunk<C>(g + 8 * hf, 2 * kk + (tq >> 1)) * 16 + 8 * (tq & 1));
+            if (hf < C::kFragRows) {
+                const uint32_t src = q_base + q_chunk<C>(g + 8 * hf, 2 * kk + (tq >> 1)) * 16 + 8 * (tq & 1);
+                v = kQWords<C> ? q_words(src) : lds<uint2>(src);
+            }
             qf[ks][hf] = v.x;
             qf[ks][2 + hf] = v.y;
         }
@@ -130,8 +159,12 @@ __device__ __forceinline__ void fp8_q_from_global(const uint8_t* qn, const uint8
         const int col = (kh * S::kLatSteps + ks) * 16 + 4 * tq;
         uint2 v = make_uint2(0u, 0u);
         if (qn != nullptr) {
-            v = col < MLA_LATENT_DIM ? *reinterpret_cast<const uint2*>(qn + col * 2)
-                                     : *reinterpret_cast<const uint2*>(qr + (col - MLA_LATENT_DIM) * 2);
+            if constexpr (kQWords<C>) {
+                v = q_words(col < MLA_LATENT_DIM ? qn + col * 2 : qr + (col - MLA_LATENT_DIM) * 2);
+            } else {
+                v = col < MLA_LATENT_DIM ? *reinterpret_cast<const uint2*>(qn + col * 2)
+                                         : *reinterpret_cast<const uint2*>(qr + (col - MLA_LATENT_DIM) * 2);
+            }
         }
         qf[ks][hf] = v.x;
         qf[ks][2 + hf] = v.y;
@@ -229,13 +262,6 @@ __device__ __forceinline__ void fp8_rope_q(const uint32_t (&qf)[C::kQFrags][4], 
         }
     }
 }
-
-// fp8 rows in the 4-warp 8-row configuration compute both products transposed (kSwapPV in
-// the header): o holds Oᵀ, and S is computed as Sᵀ and stored to the partials in S's layout. (Log #72: 1-4 % faster on the fp8_ds_mla streaming rows, per-tensor fp8 within 0.5 %,
-// and 32-40 registers fewer, which lets three CTAs share an H200 SM; the 8-warp 8-row
-// configuration, which serves the small steps, measured 0.9 µs slower with it.)
-template <typename C>
-constexpr bool kSwapPV = C::Format::kFp8 && C::kHalfM && C::kWarps == 4;
 
 // ---- phase: scores -----------------------------------------------------------------------
 // A pair of latent k16 steps (ks, ks + 1) of the warp's 16 tile rows (the lane's ldmatrix
