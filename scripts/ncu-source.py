@@ -10,6 +10,10 @@ follow it) then those SASS rows. The script counts only the SASS rows, each unde
 above it, and prints per opcode and per line the instructions executed per warp-tile
 (divided by WARP_TILES: the kernel's CTA-tiles times its warps), the share of the stall samples
 and the excess shared-memory wavefronts (bank conflicts). TOP: how many lines to list (40).
+An instruction inlined from a helper is listed once per file of its inline chain (the helper's
+line and the call site's): the total and the per-opcode sums count each SASS address once, the
+per-line sums keep every attribution (so they add up to more than the total). ncu may also file
+a header's lines under another header with the same name ending (fp8.cuh under append_fp8.cuh).
 """
 import collections
 import csv
@@ -36,6 +40,7 @@ def main():
     by_op = collections.defaultdict(lambda: [0.0, 0.0])
     by_line = collections.defaultdict(lambda: [0.0, 0.0, 0.0, ""])
     header, src_file, line = None, "", ("", "")
+    seen = set()  # SASS addresses counted in the totals and per opcode
     with open(path, newline="") as f:
         for row in csv.reader(f):
             if not row:
@@ -55,10 +60,12 @@ def main():
                 continue
             m = dict(zip(header[4:], row[4:]))
             n, st, ex = number(m.get(INSTR, "")), number(m.get(STALL, "")), number(m.get(EXCESS, ""))
-            op = re.match(r"\s*(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", row[3])
-            o = by_op[op.group(1) if op else "?"]
-            o[0] += n
-            o[1] += st
+            if row[2] not in seen:  # an inlined instruction is listed under each file of its inline chain
+                seen.add(row[2])
+                op = re.match(r"\s*(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", row[3])
+                o = by_op[op.group(1) if op else "?"]
+                o[0] += n
+                o[1] += st
             k = by_line[(src_file, line[0])]
             k[0] += n
             k[1] += st
