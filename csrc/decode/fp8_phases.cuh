@@ -355,14 +355,7 @@ __device__ __forceinline__ void fp8_score_partials_t(uint32_t kv_base, const uin
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] *= rowf[0];
     }
-    // S's partial layout (store_partial of a half m-tile): fragment (warp, n8 tile n) holds
-    // float2 (S[q][8n + 2c], S[q][8n + 2c + 1]) at lane 4q + c
-    float* p = reinterpret_cast<float*>(part_s);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int n = i >> 1, q = 2 * tq + (i & 1);
-        p[2 * part_slot<C>(warp * 2 + n, 4 * q + (g >> 1)) + (g & 1)] = v[i];
-    }
+    store_partials_t<C>(part_s, v, warp, g, tq);
 }
 
 // S = Q K^T for this warp's 16 tile rows (krow: the lane's ldmatrix row, krow & ~15 the warp's

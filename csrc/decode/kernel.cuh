@@ -23,6 +23,21 @@ namespace mla {
 template <typename Fmt, typename C>
 constexpr bool kStartThreshold = C::kHalfM && C::kWarps == 4 && !Fmt::kFp8;
 
+// The 16-bit 8-row kernels computed transposed (Sᵀ = K Qᵀ, Oᵀ += Vᵀ Pᵀ; the fp8 kernels' kSwapPV
+// form, decode/fp8_phases.cuh): the query's 8 rows as the MMAs' N instead of an m16 A operand
+// whose rows 8-15 are zero, so half the MMAs, 32 accumulators fewer, and no zero halves of the
+// query's A fragments rebuilt before each MMA. MLA_T16 bit 0: the 4-warp configuration
+// (CfgHalf), bit 1: the 8-warp one (Cfg8Half).
+#ifndef MLA_T16
+#define MLA_T16 0
+#endif
+template <typename C>
+constexpr bool kT16 = !C::Format::kFp8 && C::kHalfM && ((MLA_T16 >> (C::kWarps == 8 ? 1 : 0)) & 1);
+// Whether o holds Oᵀ: this lane's query rows 2tq (elements 0, 2) and 2tq + 1 (1, 3) of each
+// 16-dim chunk (fp8: dims 2g, 2g + 1; 16-bit: dims g, g + 8).
+template <typename C>
+constexpr bool kOT = kSwapPV<C> || kT16<C>;
+
 // ---- loading a tile and the Q rows -----------------------------------------------------------
 // Whether load_tile writes the valid flags as additive masks (the bits of 0.f, or of -inf where
 // the row is masked and zero-filled) for the softmax to add: the fp8 kernels with one softmax
@@ -483,6 +498,28 @@ __device__ __forceinline__ void score_partials(uint32_t kv_base, const uint32_t 
         }
 }
 
+// The transposed form (kT16): Sᵀ = K Qᵀ for this warp's 16 tile rows, K as the A operand
+// (krow, col_half: the lane's ldmatrix row and k half in A order, rows 8-15 in the second
+// matrix) and the query's fragments a0 / a2 of rows g as Qᵀ's b0 / b1: one MMA per k16 step.
+// Stored to the S partials at S's own positions (store_partials_t).
+template <typename T, typename C>
+__device__ __forceinline__ void score_partials_t(uint32_t kv_base, const uint32_t (&qf)[C::kQFrags][4], int krow,
+                                                 int kk0, int col_half, float4* part_s, int warp, int lane) {
+    float acc[2][4];
+#pragma unroll
+    for (int par = 0; par < 2; ++par) acc[par][0] = acc[par][1] = acc[par][2] = acc[par][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < C::kSKSteps; ++ks) {
+        uint32_t af[4];
+        C::Format::k_frag(af, kv_base, krow, kk0 + ks, col_half);
+        mma16816<T>(acc[ks & 1], af, qf[ks][0], qf[ks][2]);
+    }
+    float v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = acc[0][i] + acc[1][i];
+    store_partials_t<C>(part_s, v, warp, lane >> 2, lane & 3);
+}
+
 // ---- phase: sum the partials (configurations whose warps split the QK width in four) ----
 // Sums the four k-quarter partials in place: a unit is one half (rows g or g+8; with a half
 // m-tile only rows g) of one (n-half, m-tile, n8 tile) fragment, a float2; warp w adds up
@@ -625,7 +662,7 @@ __device__ __forceinline__ void softmax_tile(const DecodeArgs& a, float (&s)[C::
             m_run[mt][hf] = m_new;
         }
         if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // the running max moved
-            if constexpr (kSwapPV<C>) {  // o is Oᵀ: this lane's query rows are 2tq and 2tq + 1
+            if constexpr (kOT<C>) {  // o is Oᵀ: this lane's query rows are 2tq and 2tq + 1
                 const float a0 = __shfl_sync(0xffffffffu, alpha[0], 8 * tq), a1 = __shfl_sync(0xffffffffu, alpha[0], 8 * tq + 4);
 #pragma unroll
                 for (int c = 0; c < C::kONTiles / 2; ++c) {
@@ -684,6 +721,25 @@ __device__ __forceinline__ void pv_tile(uint32_t kv_base, const float (&s)[C::kM
         uint32_t pa[C::kMTiles][4];
         p_frags<T, C>(s, kk, pa);
         pv_step<T, C>(kv_base, pa, kk, vrow0, warp, col_half, nullptr, o);
+    }
+}
+
+// The transposed form (kT16): Oᵀ += Vᵀ Pᵀ, a 16-dim chunk of the warp's as M (Vᵀ's A fragment
+// from ldmatrix .trans: vrow0 / col_half the lane's row and 8-dim half in A order, rows 8-15 in
+// the third matrix), the 8 query rows as N (P's fragments of rows g as the B operand).
+template <typename T, typename C>
+__device__ __forceinline__ void pv_tile_t(uint32_t kv_base, const float (&s)[1][4][4], int vrow0, int warp,
+                                          int col_half, float (&o)[1][C::kONTiles][4]) {
+#pragma unroll
+    for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
+        uint32_t pa[1][4];
+        p_frags<T, C>(s, kk, pa);
+#pragma unroll
+        for (int c = 0; c < C::kODims / 16; ++c) {
+            uint32_t va[4];
+            C::Format::v_frag(va, kv_base, kk * 16 + vrow0, (warp * C::kODims + c * 16) / 8 + col_half);
+            mma16816<T>(o[0][c], va, pa[0][0], pa[0][2]);
+        }
     }
 }
 
@@ -932,7 +988,47 @@ __device__ __forceinline__ void write_segment(const DecodeArgs& a, const Cursor&
             float inv = l > 0.f ? fast_rcp(l) : 0.f;
             if constexpr (C::Format::kFp8 && !C::Format::kDsMla) inv *= *a.kv_scale;  // per-tensor: V's scale
             const float lse2 = l > 0.f ? m_run[mt][hf] + fast_log2(l) : -INFINITY;
-            if constexpr (kSwapPV<C>) {
+            if constexpr (kT16<C>) {
+                // o is Oᵀ with dims g, g + 8 of each chunk (pv_tile_t): lanes g and g ^ 1 swap
+                // halves, so that an even g writes query row 2tq's dims (g, g + 1) and (g + 8,
+                // g + 9), an odd g row 2tq + 1's dims (g - 1, g) and (g + 7, g + 8)
+                const float inv0 = __shfl_sync(0xffffffffu, inv, 8 * tq), inv1 = __shfl_sync(0xffffffffu, inv, 8 * tq + 4);
+                const int e = g & 1;
+                const int me = m_tile * C::kBlockM + 2 * tq + e;
+                float lo[C::kODims / 16][2], hi[C::kODims / 16][2];
+#pragma unroll
+                for (int c = 0; c < C::kODims / 16; ++c) {
+                    const float x0 = o[mt][c][0] * inv0, x1 = o[mt][c][1] * inv1;
+                    const float x2 = o[mt][c][2] * inv0, x3 = o[mt][c][3] * inv1;
+                    const float r0 = __shfl_xor_sync(0xffffffffu, e ? x0 : x1, 4);
+                    const float r1 = __shfl_xor_sync(0xffffffffu, e ? x2 : x3, 4);
+                    lo[c][0] = e ? r0 : x0;
+                    lo[c][1] = e ? x1 : r0;
+                    hi[c][0] = e ? r1 : x2;
+                    hi[c][1] = e ? x3 : r1;
+                }
+                if (me < a.m_rows) {
+                    const int d0 = warp * C::kODims + (g & ~1);  // + 16c: the chunk's dims (d0, d0 + 1), (d0 + 8, d0 + 9)
+                    if (whole) {
+                        int token, head;
+                        row_token_head<kSparse>(a, b, me, token, head);
+                        T* dst = reinterpret_cast<T*>(a.out) + token * a.out_ts + head * a.out_hs + d0;
+#pragma unroll
+                        for (int c = 0; c < C::kODims / 16; ++c) {
+                            *reinterpret_cast<uint32_t*>(dst + 16 * c) = Elem<T>::pack(lo[c][0], lo[c][1]);
+                            *reinterpret_cast<uint32_t*>(dst + 16 * c + 8) = Elem<T>::pack(hi[c][0], hi[c][1]);
+                        }
+                    } else {
+                        const size_t row = static_cast<size_t>(slot) * a.m_rows + me;
+                        float* dst = a.ws_o + row * kLatentDim + d0;
+#pragma unroll
+                        for (int c = 0; c < C::kODims / 16; ++c) {
+                            st_l2_last<kPiecesL2Last<C>>(dst + 16 * c, make_float2(lo[c][0], lo[c][1]));
+                            st_l2_last<kPiecesL2Last<C>>(dst + 16 * c + 8, make_float2(hi[c][0], hi[c][1]));
+                        }
+                    }
+                }
+            } else if constexpr (kSwapPV<C>) {
                 // o is Oᵀ: this lane writes query rows 2tq + e, dims 2g and 2g + 1 of each of
                 // the warp's 16-dim chunks, with those rows' factors (lanes 8tq, 8tq + 4)
 #pragma unroll
@@ -959,7 +1055,7 @@ __device__ __forceinline__ void write_segment(const DecodeArgs& a, const Cursor&
             }
             const int m = m_tile * C::kBlockM + mt * 16 + g + 8 * hf;
             if (m < a.m_rows) {
-                if constexpr (kSwapPV<C>) {
+                if constexpr (kOT<C>) {
                     // (the rows' o is written above; the lse of row g here)
                     if (warp == 0 && tq == 0) {
                         if (whole) {
@@ -1169,6 +1265,9 @@ __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<F
         if constexpr (Fmt::kFp8) {
             fp8_score_partials<T, C>(kv_base, qf, rowf, nh * 16 + (mat >> 1) * 8 + mrow, kh, mat & 1, part_s, warp,
                                      lane);
+        } else if constexpr (kT16<C>) {  // K as the A operand: rows 8-15 in the second matrix
+            score_partials_t<T, C>(kv_base, qf[0], nh * 16 + (mat & 1) * 8 + mrow, kh * C::kSKSteps, mat >> 1, part_s,
+                                   warp, lane);
         } else {
             score_partials<T, C>(kv_base, qf, nh * 16 + (mat >> 1) * 8 + mrow, kh * C::kSKSteps, mat & 1, part_s,
                                  warp, lane);
@@ -1218,6 +1317,8 @@ __global__ void __launch_bounds__(Tile::kThreads, decode_min_ctas<KernelConfig<F
             // ---- P V: O += P V over this warp's output dims ----
             if constexpr (Fmt::kFp8) {
                 fp8_pv_tile<C>(kv_base, s, (mat & 1) * 8 + mrow, warp, mat >> 1, o);
+            } else if constexpr (kT16<C>) {  // Vᵀ as the A operand: rows 8-15 in the third matrix
+                pv_tile_t<T, C>(kv_base, s, (mat >> 1) * 8 + mrow, warp, mat & 1, o);
             } else {
                 pv_tile<T, C>(kv_base, s, (mat & 1) * 8 + mrow, warp, mat >> 1, o);
             }

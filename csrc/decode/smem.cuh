@@ -52,6 +52,20 @@ __device__ __forceinline__ void store_partial(float4* part_s, int i, const float
         part_s[i] = v;
     }
 }
+// The transposed kernels' S (Sᵀ's accumulator of a half m-tile: v[i] is tile row g + 8 (i >> 1),
+// query row 2tq + (i & 1) of the warp's 16 rows) stored to the partials in S's own layout
+// (store_partial: fragment (warp, n8 tile n) holds float2 (S[q][8n + 2c], S[q][8n + 2c + 1]) at
+// lane 4q + c), so that the softmax reads them unchanged (g, tq: the lane's fragment row and column pair).
+template <typename C>
+__device__ __forceinline__ void store_partials_t(float4* part_s, const float (&v)[4], int warp, int g, int tq) {
+    static_assert(C::kHalfM, "Sᵀ has 8 query rows");
+    float* p = reinterpret_cast<float*>(part_s);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int n = i >> 1, q = 2 * tq + (i & 1);
+        p[2 * part_slot<C>(warp * 2 + n, 4 * q + (g >> 1)) + (g & 1)] = v[i];
+    }
+}
 template <typename C>
 __device__ __forceinline__ float4 load_partial(const float4* part_s, int i) {
     if constexpr (C::kHalfM) {
