@@ -174,6 +174,15 @@ typedef enum {
 #define MLA_PATH_TILES 1
 #define MLA_PATH_ROWS 2
 
+/* How the tile kernel of 16-bit caches at 8 query rows per 4-warp CTA (at most 8 heads, q_len 1:
+ * the common memory-bound step) runs its products (docs/PERFORMANCE.md log #116). DIRECT: S = Q Kᵀ
+ * and O += P V with the query's 8 rows as a 16-row MMA operand, rows 8-15 zero. TRANSPOSED:
+ * Sᵀ = K Qᵀ and Oᵀ += Vᵀ Pᵀ with the 8 rows as the MMAs' N: half the MMAs, fewer registers;
+ * faster where one CTA has an SM to itself (sm_120 always), up to 4 % slower where two share one.
+ * The fp8 8-row kernels always run their own transposed form; other configurations have one. */
+#define MLA_FORM_DIRECT 1
+#define MLA_FORM_TRANSPOSED 2
+
 /* Overrides of what mla_schedule_init chooses from the shape, for experiments and tests
  * (docs/DEVELOPING.md, "Launch knobs for experiments"). 0 in a field keeps the default;
  * a NULL mla_tuning_t* is all defaults. A value outside the listed ones makes
@@ -212,6 +221,10 @@ typedef struct {
                                 MLA_PATH_ROWS on one-part steps of at most one query row per SM
                                 (sparse: two; above), else MLA_PATH_TILES. ROWS takes at most
                                 65,535 requests (sparse: tokens) */
+    int32_t form;            /* MLA_FORM_DIRECT or MLA_FORM_TRANSPOSED, for the 16-bit 8-row 4-warp
+                                configuration (ignored where the schedule picks another). Default
+                                TRANSPOSED where one such CTA per SM fits or is picked (sm_120,
+                                sm120_occupancy, small steps), else DIRECT */
 } mla_tuning_t;
 
 /* ---- schedule: host-side launch decisions, made once per shape ------------------ */
@@ -251,6 +264,8 @@ typedef struct {
                                by default, 1 only where the schedule merges a row per warp) */
     int32_t split;          /* MLA_SPLIT_FLAT or MLA_SPLIT_WITHIN_REQUESTS */
     int32_t path;           /* MLA_PATH_TILES or MLA_PATH_ROWS */
+    int32_t form;           /* MLA_FORM_DIRECT, or MLA_FORM_TRANSPOSED (16-bit caches, 8 query
+                               rows, 4 warps only) */
 } mla_schedule_internal_t;
 
 /* A schedule fixes the grid of the decode kernels for one problem shape on one

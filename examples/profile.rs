@@ -135,10 +135,17 @@ fn run(args: &Args) -> Res<()> {
     );
     if let Some(s) = w.schedule() {
         println!(
-            "plan:   grid {} m-tiles x {} parts, {} B dynamic shared memory, {} CTAs/SM, \
-             {} SMs, PDL {}",
+            "plan:   grid {} m-tiles x {} parts, {} warps x {} query rows{}, {} B dynamic shared \
+             memory, {} CTAs/SM, {} SMs, PDL {}",
             s.num_m_tiles,
             s.num_parts,
+            s.internal.warps,
+            s.internal.block_m,
+            if s.internal.form == mla_decode::ffi::MLA_FORM_TRANSPOSED as i32 {
+                " (transposed)"
+            } else {
+                ""
+            },
             s.smem_bytes,
             s.ctas_per_sm,
             s.sm_count,

@@ -8,7 +8,7 @@
 #                exported for that run ('-' alone: no variable); MLA_AB_BIN=PATH runs
 #                another bench build (e.g. the previous commit's, copied under .gpu/).
 #                The bench turns MLA_WARPS, MLA_BLOCK_M, MLA_PDL, MLA_COMBINE_SLICES,
-#                MLA_MIN_CHUNK, MLA_SPLIT and MLA_PATH into the plan's Tuning (benches/common/gpu.rs); the library
+#                MLA_MIN_CHUNK, MLA_SPLIT, MLA_PATH and MLA_FORM into the plan's Tuning (benches/common/gpu.rs); the library
 #                itself reads no environment variable.
 #   BENCH_ARGS   passed to bench-decode, e.g. --case dense:b=1,h=8,l=4096 --sm120-occupancy off
 # Writes $OUT/ab.log (every run's output) and $OUT/ab.txt (the table, then the rows where setting

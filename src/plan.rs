@@ -103,8 +103,8 @@ pub struct PlanOptions {
 /// (`csrc/mla_decode.h` documents the defaults); a value outside the listed ones makes
 /// [`DecodePlan::dense`] / [`DecodePlan::sparse`] fail with
 /// [`Error::InvalidArgument`](crate::Error::InvalidArgument). The bench translates its
-/// `MLA_WARPS`, `MLA_BLOCK_M`, `MLA_PDL`, `MLA_COMBINE_SLICES`, `MLA_MIN_CHUNK`, `MLA_SPLIT` and `MLA_PATH`
-/// environment variables into this; the library itself reads no environment variable.
+/// `MLA_WARPS`, `MLA_BLOCK_M`, `MLA_PDL`, `MLA_COMBINE_SLICES`, `MLA_MIN_CHUNK`, `MLA_SPLIT`, `MLA_PATH`
+/// and `MLA_FORM` environment variables into this; the library itself reads no environment variable.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Tuning {
     /// Warps per decode CTA: 4 or 8.
@@ -132,6 +132,11 @@ pub struct Tuning {
     /// the default on one-part steps, `batch * ceil(max_len / 32) <= 2`, of at most one query
     /// row per SM; at most 65,535 requests).
     pub path: Option<u32>,
+    /// How the 16-bit 8-row 4-warp tile kernel runs its products: `ffi::MLA_FORM_DIRECT` (the
+    /// query's 8 rows as a 16-row MMA operand, rows 8-15 zero) or `ffi::MLA_FORM_TRANSPOSED`
+    /// (Sᵀ = K Qᵀ, Oᵀ += Vᵀ Pᵀ: half the MMAs; the default where one such CTA has an SM to
+    /// itself, as on sm_120). Ignored where the schedule picks another configuration.
+    pub form: Option<u32>,
 }
 
 impl Tuning {
@@ -186,6 +191,12 @@ impl Tuning {
             self.path
                 .is_none_or(|v| v == ffi::MLA_PATH_TILES || v == ffi::MLA_PATH_ROWS),
             "expected MLA_PATH_TILES (1) or MLA_PATH_ROWS (2)",
+        )?;
+        bad(
+            "tuning.form",
+            self.form
+                .is_none_or(|v| v == ffi::MLA_FORM_DIRECT || v == ffi::MLA_FORM_TRANSPOSED),
+            "expected MLA_FORM_DIRECT (1) or MLA_FORM_TRANSPOSED (2)",
         )
     }
 
@@ -209,6 +220,7 @@ impl Tuning {
             min_chunk: field(self.min_chunk),
             split: field(self.split),
             path: field(self.path),
+            form: field(self.form),
         }
     }
 }
@@ -405,9 +417,10 @@ mod tests {
                 t.combine_slices,
                 t.min_chunk,
                 t.split,
-                t.path
+                t.path,
+                t.form
             ],
-            [0; 8]
+            [0; 9]
         );
         assert_eq!(Tuning::default().to_ffi(true).sm120_occupancy, 1);
         assert_eq!(Tuning::default().check(), Ok(()));
@@ -423,6 +436,7 @@ mod tests {
             min_chunk: Some(3),
             split: Some(ffi::MLA_SPLIT_FLAT),
             path: Some(ffi::MLA_PATH_ROWS),
+            form: Some(ffi::MLA_FORM_TRANSPOSED),
         };
         assert_eq!(t.check(), Ok(()));
         let f = t.to_ffi(false);
@@ -434,7 +448,8 @@ mod tests {
                 f.combine_slices,
                 f.min_chunk,
                 f.split,
-                f.path
+                f.path,
+                f.form
             ],
             [
                 8,
@@ -443,7 +458,8 @@ mod tests {
                 4,
                 3,
                 ffi::MLA_SPLIT_FLAT as i32,
-                ffi::MLA_PATH_ROWS as i32
+                ffi::MLA_PATH_ROWS as i32,
+                ffi::MLA_FORM_TRANSPOSED as i32
             ]
         );
         let pdl = Tuning {
@@ -484,6 +500,10 @@ mod tests {
             },
             Tuning {
                 path: Some(3),
+                ..Tuning::default()
+            },
+            Tuning {
+                form: Some(3),
                 ..Tuning::default()
             },
         ];

@@ -20,13 +20,18 @@ namespace mla {
 // warp counts: 4 (the streaming configuration: two CTAs per H200 SM, registers at the cap)
 // and 8 (one CTA per SM, each warp with half the S and PV work: a tile computes in about
 // half the time, for steps whose CTAs each have an SM to themselves).
-template <int kWarps_, int kMTiles_ = 1, bool kHalfM_ = false>
+template <int kWarps_, int kMTiles_ = 1, bool kHalfM_ = false, bool kTransposed_ = false>
 struct TileConfig {
     static constexpr int kMTiles = kMTiles_;          // m16 MMA tiles of query rows per CTA
     // Half m-tile: 8 query rows per CTA (steps of at most 8 rows per request: 8 heads or
     // fewer, q_len 1). The MMAs still run 16 rows, rows 8-15 of Q zero; every per-row phase
     // (S exchange, softmax, P packing, the write) handles only the fragment rows g, not g + 8.
     static constexpr bool kHalfM = kHalfM_;
+    // The transposed form of a half m-tile with 16-bit rows (decode/kernel.cuh kT16): Sᵀ = K Qᵀ
+    // and Oᵀ += Vᵀ Pᵀ, the query's 8 rows as the MMAs' N, as the fp8 8-row kernels always run
+    // (their kSwapPV): half the MMAs and no zero rows. Faster where a CTA has its SM to itself
+    // (sm_120, one CTA per SM), slower by up to 4 % where two 4-warp CTAs share one (log #116).
+    static constexpr bool kTransposed = kTransposed_;
     static constexpr int kFragRows = kHalfM ? 1 : 2;  // fragment rows per lane and m-tile (g, g + 8)
     static constexpr int kBlockM = kHalfM ? 8 : 16 * kMTiles;  // query rows (heads x q_len) per CTA
     // Q: staged in shared memory (ldmatrix) with one m-tile; with two, the Q tile does not
@@ -75,6 +80,7 @@ struct TileConfig {
     static_assert(!kSharedSoftmax || kSoftRows == 4, "softmax_rows' row mapping: 4 rows per warp");
     static_assert(kMTiles == 1 || (kMTiles == 2 && kWarps == 8), "two m-tiles only with 8 warps");
     static_assert(!kHalfM || kMTiles == 1, "a half m-tile is the only m-tile");
+    static_assert(!kTransposed || kHalfM, "the transposed form is a half m-tile's");
     static_assert(kSplitN * kSplitK == kWarps, "warp split");
     static_assert(kSNTiles == 2, "S code handles two n8 tiles per warp (one ldmatrix.x4)");
     static_assert(kBlockN % 16 == 0 && kBlockN / 8 == 4, "softmax/PV code assumes 32-row tiles");
@@ -185,6 +191,7 @@ using Cfg = TileConfig<4>;   // the shared constants (block sizes) and the strea
 using Cfg8 = TileConfig<8>;
 using CfgWide = TileConfig<8, 2>;  // 32 query rows per CTA: many heads
 using CfgHalf = TileConfig<4, 1, true>;   // 8 query rows per CTA: the streaming configuration
+using CfgHalfT = TileConfig<4, 1, true, true>;  // and its transposed form (16-bit rows, one CTA per SM)
 using Cfg8Half = TileConfig<8, 1, true>;  // and the 8-warp one, for steps of <= 8 rows per request
 constexpr int kTileShift = 5;  // log2(kBlockN)
 static_assert((1 << kTileShift) == Cfg::kBlockN, "tile shift");
@@ -192,14 +199,16 @@ constexpr int kMinChunkTiles = 2;  // a part streams at least this many tiles
 constexpr int kCombineWarps = 8;   // warps per combine CTA (decode/combine.cuh)
 constexpr int kRowsMaxBatch = 65535;  // the row kernel's grid: one CTA row per request (decode/rows.cuh)
 
-// Calls f(C{}) with the tile configuration C that (warps, block_m) name: 32 rows -> CfgWide
-// (always 8 warps); 8 rows -> Cfg8Half or CfgHalf; else 8 warps -> Cfg8, else Cfg. The
-// schedule, the launch and its argument check all pick the configuration through this one
-// mapping.
+// Calls f(C{}) with the tile configuration C that (warps, block_m, form) name: 32 rows ->
+// CfgWide (always 8 warps); 8 rows -> Cfg8Half, or CfgHalf / CfgHalfT by form
+// (MLA_FORM_TRANSPOSED: CfgHalfT); else 8 warps -> Cfg8, else Cfg. The schedule, the launch
+// and its argument check all pick the configuration through this one mapping; the form is
+// transposed only where form_allowed says (the launch checks it).
 template <typename F>
-auto with_config(int warps, int block_m, F&& f) {
+auto with_config(int warps, int block_m, int form, F&& f) {
     if (block_m == 32) return f(CfgWide{});
-    if (block_m == 8) return warps == 8 ? f(Cfg8Half{}) : f(CfgHalf{});
+    if (block_m == 8)
+        return warps == 8 ? f(Cfg8Half{}) : form == MLA_FORM_TRANSPOSED ? f(CfgHalfT{}) : f(CfgHalf{});
     if (warps == 8) return f(Cfg8{});
     return f(Cfg{});
 }
@@ -236,7 +245,18 @@ void for_each_config(F&& f) {
     f(Cfg8{});
     f(CfgWide{});
     f(CfgHalf{});
+    f(CfgHalfT{});
     f(Cfg8Half{});
 }
+
+// Whether a schedule may run (warps, block_m) with cache format fmt in the transposed form: the
+// 16-bit 8-row 4-warp configuration (the fp8 8-row kernels have their own, always on).
+inline bool form_allowed(mla_kv_format_t fmt, int warps, int block_m) {
+    return block_m == 8 && warps == 4 && fmt != MLA_KV_FP8_DS_MLA && fmt != MLA_KV_FP8;
+}
+// Whether the decode kernel of row format Fmt exists in configuration C: the transposed form
+// only for 16-bit rows (every launch of an fp8 format names the direct one).
+template <typename Fmt, typename C>
+constexpr bool kConfigFor = !(C::kTransposed && Fmt::kFp8);
 
 }  // namespace mla

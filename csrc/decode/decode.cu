@@ -58,31 +58,35 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& args, cudaS
                     : !combine_deals(a)     ? combine_kernel<T, kSparse, 4, 4>
                     : by_warps              ? combine_dealing_kernel<T, kSparse, 4, true>
                                             : combine_dealing_kernel<T, kSparse, 4, false>;
-    MLA_CUDA_TRY(with_config(in.warps, in.block_m, [&](auto c) {
+    MLA_CUDA_TRY(with_config(in.warps, in.block_m, in.form, [&](auto c) -> cudaError_t {
         using C = decltype(c);
-        if constexpr (kWithinKernel<Fmt, C>) {
-            if (a.split_within)
-                return launch_pdl(decode_kernel<Fmt, kSparse, C, true>, grid, C::kThreads, s->smem_bytes, st, in.pdl, a);
-        }
-        if constexpr (kSpecKernel<Fmt, C>) {
-            if (const int n = closed_lens_parts(a)) {
-                a.closed_lens = 1;
-                a.closed_n = FastDiv::make(n);
-                a.closed_chunk = FastDiv::make(a.min_chunk);
-                a.aligned_div = FastDiv{0, 0, 0};  // (every part inside one request already)
-                return launch_pdl(decode_kernel<Fmt, kSparse, C, false, true>, grid, C::kThreads, s->smem_bytes, st,
-                                  in.pdl, a);
+        if constexpr (!kConfigFor<Fmt, C>) {
+            return cudaErrorInvalidConfiguration;  // (launch checks the form against the format)
+        } else {
+            if constexpr (kWithinKernel<Fmt, C>) {
+                if (a.split_within)
+                    return launch_pdl(decode_kernel<Fmt, kSparse, C, true>, grid, C::kThreads, s->smem_bytes, st, in.pdl, a);
             }
+            if constexpr (kSpecKernel<Fmt, C>) {
+                if (const int n = closed_lens_parts(a)) {
+                    a.closed_lens = 1;
+                    a.closed_n = FastDiv::make(n);
+                    a.closed_chunk = FastDiv::make(a.min_chunk);
+                    a.aligned_div = FastDiv{0, 0, 0};  // (every part inside one request already)
+                    return launch_pdl(decode_kernel<Fmt, kSparse, C, false, true>, grid, C::kThreads, s->smem_bytes, st,
+                                      in.pdl, a);
+                }
+            }
+            // The flat split with lengths' own instantiation: the aligned chunk for equal lengths
+            // (prepare_split sets a.aligned_div only where the configuration has one,
+            // aligned_may_move) and the one-round-trip search of large batches (flat_lens_kernel)
+            if constexpr (kAlignedKernel<Fmt, C>) {
+                if (flat_lens_kernel<C>(a))
+                    return launch_pdl(decode_kernel<Fmt, kSparse, C, false, false, true>, grid, C::kThreads, s->smem_bytes,
+                                      st, in.pdl, a);
+            }
+            return launch_pdl(decode_kernel<Fmt, kSparse, C>, grid, C::kThreads, s->smem_bytes, st, in.pdl, a);
         }
-        // The flat split with lengths' own instantiation: the aligned chunk for equal lengths
-        // (prepare_split sets a.aligned_div only where the configuration has one,
-        // aligned_may_move) and the one-round-trip search of large batches (flat_lens_kernel)
-        if constexpr (kAlignedKernel<Fmt, C>) {
-            if (flat_lens_kernel<C>(a))
-                return launch_pdl(decode_kernel<Fmt, kSparse, C, false, false, true>, grid, C::kThreads, s->smem_bytes,
-                                  st, in.pdl, a);
-        }
-        return launch_pdl(decode_kernel<Fmt, kSparse, C>, grid, C::kThreads, s->smem_bytes, st, in.pdl, a);
     }));
     // One part, or a split that the host knows lays every request inside one part
     // (nothing_to_merge): no request is split, nothing to merge.
@@ -118,8 +122,10 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
               "s.internal.split: %d", in.split);
     MLA_CHECK(in.path == MLA_PATH_TILES || (in.path == MLA_PATH_ROWS && s->batch <= kRowsMaxBatch), "s.internal.path: %d",
               in.path);
+    MLA_CHECK(in.form == MLA_FORM_DIRECT || (in.form == MLA_FORM_TRANSPOSED && form_allowed(fmt, in.warps, in.block_m)),
+              "s.internal.form: %d", in.form);
     const int need_smem = with_row_format(fmt, [&](auto f) {
-        return with_config(in.warps, in.block_m,
+        return with_config(in.warps, in.block_m, in.form,
                            [](auto c) { return KernelConfig<decltype(f), decltype(c)>::kSmemBytes; });
     });
     MLA_CHECK(s->smem_bytes >= need_smem && s->num_m_tiles == (a.m_rows + in.block_m - 1) / in.block_m &&
@@ -258,22 +264,24 @@ cudaError_t set_smem_attr(int bytes) {
     cudaError_t e = cudaSuccess;
     for_each_config([&](auto c) {
         using C = decltype(c);
-        if (e == cudaSuccess)
-            e = cudaFuncSetAttribute(decode_kernel<Fmt, kSparse, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-        if constexpr (kWithinKernel<Fmt, C>) {
+        if constexpr (kConfigFor<Fmt, C>) {
             if (e == cudaSuccess)
-                e = cudaFuncSetAttribute(decode_kernel<Fmt, kSparse, C, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         bytes);
-        }
-        if constexpr (kSpecKernel<Fmt, C>) {
-            if (e == cudaSuccess)
-                e = cudaFuncSetAttribute(decode_kernel<Fmt, kSparse, C, false, true>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-        }
-        if constexpr (kAlignedKernel<Fmt, C>) {
-            if (e == cudaSuccess)
-                e = cudaFuncSetAttribute(decode_kernel<Fmt, kSparse, C, false, false, true>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+                e = cudaFuncSetAttribute(decode_kernel<Fmt, kSparse, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+            if constexpr (kWithinKernel<Fmt, C>) {
+                if (e == cudaSuccess)
+                    e = cudaFuncSetAttribute(decode_kernel<Fmt, kSparse, C, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             bytes);
+            }
+            if constexpr (kSpecKernel<Fmt, C>) {
+                if (e == cudaSuccess)
+                    e = cudaFuncSetAttribute(decode_kernel<Fmt, kSparse, C, false, true>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+            }
+            if constexpr (kAlignedKernel<Fmt, C>) {
+                if (e == cudaSuccess)
+                    e = cudaFuncSetAttribute(decode_kernel<Fmt, kSparse, C, false, false, true>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+            }
         }
     });
     return e;
@@ -300,10 +308,16 @@ cudaError_t mla::decode_allow_smem(int bytes) {
 
 cudaError_t mla::decode_ctas_per_sm(mla_kv_format_t fmt, int warps, int block_m, int smem, int* ctas) {
     return with_row_format(fmt, [&](auto f) {
-        return with_config(warps, block_m, [&](auto c) {
+        // (the direct form: the transposed one holds fewer registers, and the form is picked
+        // by the CTAs per SM this finds)
+        return with_config(warps, block_m, MLA_FORM_DIRECT, [&](auto c) -> cudaError_t {
             using C = decltype(c);
-            return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, decode_kernel<decltype(f), false, C>, C::kThreads,
-                                                                 smem);
+            if constexpr (C::kTransposed) {
+                return cudaErrorInvalidConfiguration;  // (never named: MLA_FORM_DIRECT)
+            } else {
+                return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, decode_kernel<decltype(f), false, C>,
+                                                                     C::kThreads, smem);
+            }
         });
     });
 }

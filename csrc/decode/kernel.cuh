@@ -26,13 +26,10 @@ constexpr bool kStartThreshold = C::kHalfM && C::kWarps == 4 && !Fmt::kFp8;
 // The 16-bit 8-row kernels computed transposed (Sᵀ = K Qᵀ, Oᵀ += Vᵀ Pᵀ; the fp8 kernels' kSwapPV
 // form, decode/fp8_phases.cuh): the query's 8 rows as the MMAs' N instead of an m16 A operand
 // whose rows 8-15 are zero, so half the MMAs, 32 accumulators fewer, and no zero halves of the
-// query's A fragments rebuilt before each MMA. MLA_T16 bit 0: the 4-warp configuration
-// (CfgHalf), bit 1: the 8-warp one (Cfg8Half).
-#ifndef MLA_T16
-#define MLA_T16 0
-#endif
+// query's A fragments rebuilt before each MMA. The configurations with TileConfig::kTransposed
+// (CfgHalfT; the schedule picks it by MLA_FORM_TRANSPOSED, logs #115, #116).
 template <typename C>
-constexpr bool kT16 = !C::Format::kFp8 && C::kHalfM && ((MLA_T16 >> (C::kWarps == 8 ? 1 : 0)) & 1);
+constexpr bool kT16 = !C::Format::kFp8 && C::kTransposed;
 // Whether o holds Oᵀ: this lane's query rows 2tq (elements 0, 2) and 2tq + 1 (1, 3) of each
 // 16-dim chunk (fp8: dims 2g, 2g + 1; 16-bit: dims g, g + 8).
 template <typename C>

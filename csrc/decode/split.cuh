@@ -890,7 +890,7 @@ inline bool combine_deals(const DecodeArgs& a) {
 // the kernels would always fall back to the flat split), and the kernels' limits hold.
 inline bool within_allowed(const mla_schedule_t* s) {
     const bool kernel = with_row_format(s->kv_format, [&](auto f) {
-        return with_config(s->internal.warps, s->internal.block_m,
+        return with_config(s->internal.warps, s->internal.block_m, s->internal.form,
                            [](auto c) { return kWithinKernel<decltype(f), decltype(c)>; });
     });
     return kernel && s->batch <= kWithinMaxBatch && s->batch <= s->num_parts && s->num_parts + s->batch < kWithinMaxParts;
@@ -910,7 +910,7 @@ inline bool within_allowed(const mla_schedule_t* s) {
 inline bool aligned_may_move(const mla_schedule_t* s, const DecodeArgs& a, const AlignedForm& f) {
     if (f.div > a.batch) return false;  // n >= 2
     const bool kernel = with_row_format(s->kv_format, [&](auto fmt) {
-        return with_config(s->internal.warps, s->internal.block_m,
+        return with_config(s->internal.warps, s->internal.block_m, s->internal.form,
                            [](auto c) { return kAlignedKernel<decltype(fmt), decltype(c)>; });
     });
     const int total = a.closed_total, chunk = a.closed_chunk.d;

@@ -118,6 +118,34 @@ fn dense_random_shapes() {
     });
 }
 
+/// The 16-bit 8-row 4-warp tile kernel in each form (`Tuning::form`: direct, transposed; log
+/// #116), forced with 4 warps and the tile path on random shapes of at most 8 query rows
+/// (1..=8 heads, q_len 1): the schedule picks the transposed form only where one CTA has an SM
+/// to itself, so the other occupancy's steps would not reach it otherwise.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dense_8_rows_both_forms() {
+    use mla_decode::ffi::{MLA_FORM_DIRECT, MLA_FORM_TRANSPOSED, MLA_PATH_TILES};
+    let (_ctx, stream) = gpu();
+    run_cases("dense_8_rows_both_forms", 8, dense_cases(), |c| {
+        let c = DenseCase {
+            heads: 1 + (c.heads - 1) % 8,
+            q_len: 1,
+            ..c.clone()
+        };
+        for form in [MLA_FORM_DIRECT, MLA_FORM_TRANSPOSED] {
+            let mut rng = Rng::new(c.seed);
+            let spec = dense_case_spec(&c, &mut rng);
+            let mut options = plan_options(c.sm120_occupancy);
+            options.tuning.warps = Some(4);
+            options.tuning.path = Some(MLA_PATH_TILES);
+            options.tuning.form = Some(form);
+            let label = format!("dense_8_rows_both_forms form {form} {c:?}");
+            with_dtype!(c.dtype, T => check_dense::<T>(&label, &mut rng, &stream, &spec, options));
+        }
+    });
+}
+
 /// Runs each (q_len, heads, batch, longest) of `shapes` on the default plan in both occupancies
 /// (bf16, random block sizes and layouts) against the reference, every request's length drawn
 /// from `shortest(q_len, longest)..=longest`: the shapes a schedule rule must get right.

@@ -651,3 +651,67 @@ fn raw_append_split_checks() {
         );
     }
 }
+
+/// The schedule's form of the 16-bit 8-row 4-warp kernel (`mla_schedule_internal_t::form`, log
+/// #116): transposed exactly where one such CTA has an SM to itself (sm120-occupancy, sm_120),
+/// as `Tuning::form` forces it there, and never for another configuration or an fp8 cache.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_schedule_form() {
+    let stream = stream();
+    let form = |heads: usize, kv_format: KvFormat, sm120_occupancy: bool, forced: Option<u32>| {
+        let shape = DenseShape {
+            batch: 64,
+            q_len: 1,
+            num_heads: heads,
+            block_size: 64,
+            max_blocks_per_seq: 64,
+            kv_format,
+        };
+        let options = PlanOptions {
+            sm120_occupancy,
+            tuning: Tuning {
+                form: forced,
+                ..Tuning::default()
+            },
+        };
+        let plan = DecodePlan::dense(&stream, shape, options).unwrap();
+        let s = plan.schedule();
+        (s.internal.form as u32, s.internal.warps, s.internal.block_m, s.ctas_per_sm)
+    };
+    use mla_decode::ffi::{MLA_FORM_DIRECT as DIRECT, MLA_FORM_TRANSPOSED as TRANSPOSED};
+    for kv in [KvFormat::Bf16, KvFormat::F16] {
+        for occ in [false, true] {
+            let (f, warps, block_m, ctas) = form(8, kv, occ, None);
+            assert_eq!((warps, block_m), (4, 8), "b=64 h=8 l=4096 streams in 8-row 4-warp CTAs");
+            assert_eq!(f, if ctas == 1 { TRANSPOSED } else { DIRECT }, "{kv:?} occupancy {occ}: {ctas} CTAs/SM");
+            if occ {
+                assert_eq!(ctas, 1);
+            }
+            assert_eq!(form(8, kv, occ, Some(DIRECT)).0, DIRECT);
+            assert_eq!(form(8, kv, occ, Some(TRANSPOSED)).0, TRANSPOSED);
+            // other configurations have one form: a forced one is ignored
+            assert_eq!(form(16, kv, occ, Some(TRANSPOSED)).0, DIRECT);
+        }
+    }
+    assert_eq!(form(8, KvFormat::Fp8DsMla, true, Some(TRANSPOSED)).0, DIRECT);
+    let err = DecodePlan::dense(
+        &stream,
+        DenseShape {
+            batch: 1,
+            q_len: 1,
+            num_heads: 8,
+            block_size: 64,
+            max_blocks_per_seq: 4,
+            kv_format: KvFormat::Bf16,
+        },
+        PlanOptions {
+            sm120_occupancy: false,
+            tuning: Tuning {
+                form: Some(3),
+                ..Tuning::default()
+            },
+        },
+    );
+    assert!(matches!(&err, Err(Error::InvalidArgument { .. })), "{err:?}");
+}

@@ -103,6 +103,36 @@ fn sparse_random_shapes() {
     });
 }
 
+/// The 16-bit 8-row 4-warp tile kernel in each form (`Tuning::form`: direct, transposed; log
+/// #116), forced with 4 warps and the tile path on random sparse shapes of 1..=8 heads.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sparse_8_rows_both_forms() {
+    use mla_decode::ffi::{MLA_FORM_DIRECT, MLA_FORM_TRANSPOSED, MLA_PATH_TILES};
+    let (_ctx, stream) = gpu();
+    run_cases("sparse_8_rows_both_forms", 8, sparse_cases(), |c| {
+        let c = SparseCase {
+            heads: 1 + (c.heads - 1) % 8,
+            ..c.clone()
+        };
+        for form in [MLA_FORM_DIRECT, MLA_FORM_TRANSPOSED] {
+            let mut rng = Rng::new(c.seed);
+            let (tokens, num_blocks, style, with_len) = sparse_case_params(&c, &mut rng);
+            let mut options = plan_options(c.sm120_occupancy);
+            options.tuning.warps = Some(4);
+            options.tuning.path = Some(MLA_PATH_TILES);
+            options.tuning.form = Some(form);
+            let label = format!("sparse_8_rows_both_forms form {form} {c:?} (tokens used {tokens})");
+            with_dtype!(c.dtype, T => {
+                let s = random_sparse::<T>(
+                    &mut rng, tokens, c.heads, c.topk, num_blocks, c.block_size, style, with_len,
+                );
+                check_problem(&label, &mut rng, &stream, &s, options);
+            });
+        }
+    });
+}
+
 /// topk at and around the tile sizes and the limits: 1, 2, 63, 64, 65, 100, 127, 1000, 2047,
 /// 2048, 2049, 4095, 4096.
 #[test]

@@ -46,7 +46,7 @@ pub(crate) use with_dtype;
 /// or 32), `MLA_PDL` (0 off, else an OR of 1 = launch attribute, 2 = trigger at the decode
 /// CTA's start, 4 = at its last tile; default 5), `MLA_COMBINE_SLICES` (1, 4 or 16),
 /// `MLA_MIN_CHUNK` (>= 1), `MLA_SPLIT` (1 flat, 2 within requests), `MLA_PATH` (1 tiles, 2
-/// the row kernel). Unset or empty: the
+/// the row kernel), `MLA_FORM` (1 direct, 2 transposed: the 16-bit 8-row 4-warp kernel). Unset or empty: the
 /// schedule's choice. A value that is not a number is an error here; one the schedule does
 /// not take fails the plan.
 pub fn tuning_from_env() -> Result<mla_decode::Tuning, String> {
@@ -68,6 +68,7 @@ pub fn tuning_from_env() -> Result<mla_decode::Tuning, String> {
         min_chunk: var("MLA_MIN_CHUNK")?,
         split: var("MLA_SPLIT")?,
         path: var("MLA_PATH")?,
+        form: var("MLA_FORM")?,
     })
 }
 
