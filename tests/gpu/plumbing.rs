@@ -677,14 +677,27 @@ fn gpu_schedule_form() {
         };
         let plan = DecodePlan::dense(&stream, shape, options).unwrap();
         let s = plan.schedule();
-        (s.internal.form as u32, s.internal.warps, s.internal.block_m, s.ctas_per_sm)
+        (
+            s.internal.form as u32,
+            s.internal.warps,
+            s.internal.block_m,
+            s.ctas_per_sm,
+        )
     };
     use mla_decode::ffi::{MLA_FORM_DIRECT as DIRECT, MLA_FORM_TRANSPOSED as TRANSPOSED};
     for kv in [KvFormat::Bf16, KvFormat::F16] {
         for occ in [false, true] {
             let (f, warps, block_m, ctas) = form(8, kv, occ, None);
-            assert_eq!((warps, block_m), (4, 8), "b=64 h=8 l=4096 streams in 8-row 4-warp CTAs");
-            assert_eq!(f, if ctas == 1 { TRANSPOSED } else { DIRECT }, "{kv:?} occupancy {occ}: {ctas} CTAs/SM");
+            assert_eq!(
+                (warps, block_m),
+                (4, 8),
+                "b=64 h=8 l=4096 streams in 8-row 4-warp CTAs"
+            );
+            assert_eq!(
+                f,
+                if ctas == 1 { TRANSPOSED } else { DIRECT },
+                "{kv:?} occupancy {occ}: {ctas} CTAs/SM"
+            );
             if occ {
                 assert_eq!(ctas, 1);
             }
@@ -694,7 +707,10 @@ fn gpu_schedule_form() {
             assert_eq!(form(16, kv, occ, Some(TRANSPOSED)).0, DIRECT);
         }
     }
-    assert_eq!(form(8, KvFormat::Fp8DsMla, true, Some(TRANSPOSED)).0, DIRECT);
+    assert_eq!(
+        form(8, KvFormat::Fp8DsMla, true, Some(TRANSPOSED)).0,
+        DIRECT
+    );
     let err = DecodePlan::dense(
         &stream,
         DenseShape {
@@ -713,5 +729,8 @@ fn gpu_schedule_form() {
             },
         },
     );
-    assert!(matches!(&err, Err(Error::InvalidArgument { .. })), "{err:?}");
+    assert!(
+        matches!(&err, Err(Error::InvalidArgument { .. })),
+        "{err:?}"
+    );
 }

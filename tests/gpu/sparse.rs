@@ -122,7 +122,8 @@ fn sparse_8_rows_both_forms() {
             options.tuning.warps = Some(4);
             options.tuning.path = Some(MLA_PATH_TILES);
             options.tuning.form = Some(form);
-            let label = format!("sparse_8_rows_both_forms form {form} {c:?} (tokens used {tokens})");
+            let label =
+                format!("sparse_8_rows_both_forms form {form} {c:?} (tokens used {tokens})");
             with_dtype!(c.dtype, T => {
                 let s = random_sparse::<T>(
                     &mut rng, tokens, c.heads, c.topk, num_blocks, c.block_size, style, with_len,
