@@ -46,7 +46,7 @@ extern "C" {
 
 /* ---- version ------------------------------------------------------------------- */
 /* Bumped on every incompatible change of this header (a field, a function, a value). */
-#define MLA_ABI_VERSION 4
+#define MLA_ABI_VERSION 5
 
 /* ---- constants of the model family ---------------------------------------------- */
 #define MLA_HEAD_DIM 576     /* q and cache row width: 512 latent + 64 rope */
@@ -174,11 +174,12 @@ typedef enum {
 #define MLA_PATH_TILES 1
 #define MLA_PATH_ROWS 2
 
-/* How the tile kernel of 16-bit caches at 8 query rows per 4-warp CTA (at most 8 heads, q_len 1:
- * the common memory-bound step) runs its products (docs/PERFORMANCE.md log #116). DIRECT: S = Q Kᵀ
- * and O += P V with the query's 8 rows as a 16-row MMA operand, rows 8-15 zero. TRANSPOSED:
- * Sᵀ = K Qᵀ and Oᵀ += Vᵀ Pᵀ with the 8 rows as the MMAs' N: half the MMAs, fewer registers;
- * faster where one CTA has an SM to itself (sm_120 always), up to 4 % slower where two share one.
+/* How the tile kernel of 16-bit caches at 8 query rows per 4-warp CTA (at most 8 query rows,
+ * heads x q_len, per request: the common memory-bound step) runs its products
+ * (docs/PERFORMANCE.md log #116). DIRECT: S = Q Kᵀ and O += P V with the query's 8 rows as a
+ * 16-row MMA operand, rows 8-15 zero. TRANSPOSED: Sᵀ = K Qᵀ and Oᵀ += Vᵀ Pᵀ with the 8 rows as
+ * the MMAs' N: half the MMAs, fewer registers; faster where one CTA has an SM to itself (sm_120
+ * always; measured on the H100's sm120-occupancy rows), up to 4 % slower where two share one.
  * The fp8 8-row kernels always run their own transposed form; other configurations have one. */
 #define MLA_FORM_DIRECT 1
 #define MLA_FORM_TRANSPOSED 2

@@ -23,8 +23,8 @@ namespace mla {
 template <int kWarps_, int kMTiles_ = 1, bool kHalfM_ = false, bool kTransposed_ = false>
 struct TileConfig {
     static constexpr int kMTiles = kMTiles_;          // m16 MMA tiles of query rows per CTA
-    // Half m-tile: 8 query rows per CTA (steps of at most 8 rows per request: 8 heads or
-    // fewer, q_len 1). The MMAs still run 16 rows, rows 8-15 of Q zero; every per-row phase
+    // Half m-tile: 8 query rows per CTA (steps of at most 8 query rows, heads x q_len, per
+    // request). The MMAs still run 16 rows, rows 8-15 of Q zero; every per-row phase
     // (S exchange, softmax, P packing, the write) handles only the fragment rows g, not g + 8.
     static constexpr bool kHalfM = kHalfM_;
     // The transposed form of a half m-tile with 16-bit rows (decode/kernel.cuh kT16): Sᵀ = K Qᵀ

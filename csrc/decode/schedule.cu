@@ -211,6 +211,13 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     mla_schedule_internal_t& in = s->internal;
     in.warps = warps;
     in.block_m = block_m;
+    // The 16-bit 8-row 4-warp kernel transposed (log #116) where a CTA has its SM to itself (one
+    // per SM: sm_120 always, the H200 in sm120-occupancy mode or on small steps): 1-7 % faster on
+    // the H100's sm120-occupancy rows; with two per SM (the H200's streaming steps) the direct
+    // form, up to 4 % faster. Set before anything below reads the configuration.
+    in.form = form_allowed(fmt, warps, block_m) && (tune.form == MLA_FORM_TRANSPOSED || (tune.form == 0 && ctas == 1))
+                  ? MLA_FORM_TRANSPOSED
+                  : MLA_FORM_DIRECT;
     // Programmatic dependent launch (sm_90+), MLA_PDL_DEFAULT = the launch attribute (the
     // combine's launch overlaps decode) + each decode CTA lets the combine be scheduled when
     // it starts its last tile (docs/PERFORMANCE.md log #20: that hides part of the combine's
@@ -262,12 +269,7 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     const int64_t row_ctas = static_cast<int64_t>(sm_count) * (sparse ? 2 : 1);
     const bool rows = parts == 1 && static_cast<int64_t>(m_rows) * batch <= row_ctas && batch <= kRowsMaxBatch;
     in.path = tune.path != 0 ? tune.path : (rows ? MLA_PATH_ROWS : MLA_PATH_TILES);
-    // The 16-bit 8-row 4-warp kernel transposed (log #116) where a CTA has its SM to itself (one
-    // per SM: sm_120 always, the H200 in sm120-occupancy mode or on small steps): 1-7 % faster
-    // there; with two per SM (the H200's streaming steps) the direct form, up to 4 % faster.
-    in.form = form_allowed(fmt, warps, block_m) && (tune.form == MLA_FORM_TRANSPOSED || (tune.form == 0 && ctas == 1))
-                  ? MLA_FORM_TRANSPOSED
-                  : MLA_FORM_DIRECT;
+    if (in.path == MLA_PATH_ROWS) in.form = MLA_FORM_DIRECT;  // (no tile kernel runs)
     return MLA_STATUS_OK;
 }
 

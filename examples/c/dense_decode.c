@@ -69,7 +69,8 @@ static int check_abi(void) {
     }
     if (mla_struct_size(MLA_STRUCT_DENSE_PARAMS) != sizeof(mla_dense_params_t) ||
         mla_struct_size(MLA_STRUCT_SCHEDULE) != sizeof(mla_schedule_t) ||
-        mla_struct_size(MLA_STRUCT_SHAPE) != sizeof(mla_shape_t)) {
+        mla_struct_size(MLA_STRUCT_SHAPE) != sizeof(mla_shape_t) ||
+        mla_struct_size(MLA_STRUCT_TUNING) != sizeof(mla_tuning_t)) {
         fprintf(stderr, "struct sizes differ between the library and this header\n");
         return 1;
     }

@@ -120,8 +120,9 @@ fn dense_random_shapes() {
 
 /// The 16-bit 8-row 4-warp tile kernel in each form (`Tuning::form`: direct, transposed; log
 /// #116), forced with 4 warps and the tile path on random shapes of at most 8 query rows
-/// (1..=8 heads, q_len 1): the schedule picks the transposed form only where one CTA has an SM
-/// to itself, so the other occupancy's steps would not reach it otherwise.
+/// per request (q_len 1..=8, heads 1..=8 / q_len): the schedule picks the transposed form only
+/// where one CTA has an SM to itself, so the other occupancy's steps would not reach it
+/// otherwise.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn dense_8_rows_both_forms() {
@@ -129,8 +130,7 @@ fn dense_8_rows_both_forms() {
     let (_ctx, stream) = gpu();
     run_cases("dense_8_rows_both_forms", 8, dense_cases(), |c| {
         let c = DenseCase {
-            heads: 1 + (c.heads - 1) % 8,
-            q_len: 1,
+            heads: 1 + (c.heads - 1) % (8 / c.q_len),
             ..c.clone()
         };
         for form in [MLA_FORM_DIRECT, MLA_FORM_TRANSPOSED] {

@@ -659,7 +659,11 @@ fn raw_append_split_checks() {
 #[ignore = "needs a CUDA GPU"]
 fn gpu_schedule_form() {
     let stream = stream();
-    let form = |heads: usize, kv_format: KvFormat, sm120_occupancy: bool, forced: Option<u32>| {
+    let form_with = |heads: usize,
+                     kv_format: KvFormat,
+                     sm120_occupancy: bool,
+                     forced: Option<u32>,
+                     warps: Option<u32>| {
         let shape = DenseShape {
             batch: 64,
             q_len: 1,
@@ -672,6 +676,7 @@ fn gpu_schedule_form() {
             sm120_occupancy,
             tuning: Tuning {
                 form: forced,
+                warps,
                 ..Tuning::default()
             },
         };
@@ -683,6 +688,9 @@ fn gpu_schedule_form() {
             s.internal.block_m,
             s.ctas_per_sm,
         )
+    };
+    let form = |heads, kv_format, sm120_occupancy, forced| {
+        form_with(heads, kv_format, sm120_occupancy, forced, None)
     };
     use mla_decode::ffi::{MLA_FORM_DIRECT as DIRECT, MLA_FORM_TRANSPOSED as TRANSPOSED};
     for kv in [KvFormat::Bf16, KvFormat::F16] {
@@ -705,12 +713,24 @@ fn gpu_schedule_form() {
             assert_eq!(form(8, kv, occ, Some(TRANSPOSED)).0, TRANSPOSED);
             // other configurations have one form: a forced one is ignored
             assert_eq!(form(16, kv, occ, Some(TRANSPOSED)).0, DIRECT);
+            let (f, warps, block_m, _) = form_with(8, kv, occ, Some(TRANSPOSED), Some(8));
+            assert_eq!(
+                (f, warps, block_m),
+                (DIRECT, 8, 8),
+                "8 warps x 8 rows: one form"
+            );
         }
     }
-    assert_eq!(
-        form(8, KvFormat::Fp8DsMla, true, Some(TRANSPOSED)).0,
-        DIRECT
-    );
+    for kv in [KvFormat::Fp8DsMla, KvFormat::Fp8PerTensor] {
+        for occ in [false, true] {
+            assert_eq!(
+                form(8, kv, occ, None).0,
+                DIRECT,
+                "{kv:?}: its own transposed kernels"
+            );
+            assert_eq!(form(8, kv, occ, Some(TRANSPOSED)).0, DIRECT, "{kv:?}");
+        }
+    }
     let err = DecodePlan::dense(
         &stream,
         DenseShape {
