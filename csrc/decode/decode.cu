@@ -312,7 +312,7 @@ cudaError_t mla::decode_ctas_per_sm(mla_kv_format_t fmt, int warps, int block_m,
         // by the CTAs per SM this finds)
         return with_config(warps, block_m, MLA_FORM_DIRECT, [&](auto c) -> cudaError_t {
             using C = decltype(c);
-            if constexpr (C::kTransposed) {
+            if constexpr (!kConfigFor<decltype(f), C>) {
                 return cudaErrorInvalidConfiguration;  // (never named: MLA_FORM_DIRECT)
             } else {
                 return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, decode_kernel<decltype(f), false, C>,

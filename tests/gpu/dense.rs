@@ -126,20 +126,16 @@ fn dense_random_shapes() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn dense_8_rows_both_forms() {
-    use mla_decode::ffi::{MLA_FORM_DIRECT, MLA_FORM_TRANSPOSED, MLA_PATH_TILES};
     let (_ctx, stream) = gpu();
     run_cases("dense_8_rows_both_forms", 8, dense_cases(), |c| {
         let c = DenseCase {
             heads: 1 + (c.heads - 1) % (8 / c.q_len),
             ..c.clone()
         };
-        for form in [MLA_FORM_DIRECT, MLA_FORM_TRANSPOSED] {
+        for form in FORMS {
             let mut rng = Rng::new(c.seed);
             let spec = dense_case_spec(&c, &mut rng);
-            let mut options = plan_options(c.sm120_occupancy);
-            options.tuning.warps = Some(4);
-            options.tuning.path = Some(MLA_PATH_TILES);
-            options.tuning.form = Some(form);
+            let options = form_options(c.sm120_occupancy, form);
             let label = format!("dense_8_rows_both_forms form {form} {c:?}");
             with_dtype!(c.dtype, T => check_dense::<T>(&label, &mut rng, &stream, &spec, options));
         }

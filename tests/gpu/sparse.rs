@@ -108,20 +108,16 @@ fn sparse_random_shapes() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn sparse_8_rows_both_forms() {
-    use mla_decode::ffi::{MLA_FORM_DIRECT, MLA_FORM_TRANSPOSED, MLA_PATH_TILES};
     let (_ctx, stream) = gpu();
     run_cases("sparse_8_rows_both_forms", 8, sparse_cases(), |c| {
         let c = SparseCase {
             heads: 1 + (c.heads - 1) % 8,
             ..c.clone()
         };
-        for form in [MLA_FORM_DIRECT, MLA_FORM_TRANSPOSED] {
+        for form in FORMS {
             let mut rng = Rng::new(c.seed);
             let (tokens, num_blocks, style, with_len) = sparse_case_params(&c, &mut rng);
-            let mut options = plan_options(c.sm120_occupancy);
-            options.tuning.warps = Some(4);
-            options.tuning.path = Some(MLA_PATH_TILES);
-            options.tuning.form = Some(form);
+            let options = form_options(c.sm120_occupancy, form);
             let label =
                 format!("sparse_8_rows_both_forms form {form} {c:?} (tokens used {tokens})");
             with_dtype!(c.dtype, T => {

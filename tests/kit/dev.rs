@@ -82,6 +82,22 @@ pub fn plan_options(sm120_occupancy: bool) -> PlanOptions {
     }
 }
 
+/// Both forms of the 16-bit 8-row 4-warp tile kernel (`Tuning::form`).
+pub const FORMS: [u32; 2] = [
+    mla_decode::ffi::MLA_FORM_DIRECT,
+    mla_decode::ffi::MLA_FORM_TRANSPOSED,
+];
+
+/// [`plan_options`] with the 16-bit 8-row 4-warp tile kernel forced in `form` (4 warps, the
+/// tile path; 8-row steps then run it whatever their size).
+pub fn form_options(sm120_occupancy: bool, form: u32) -> PlanOptions {
+    let mut options = plan_options(sm120_occupancy);
+    options.tuning.warps = Some(4);
+    options.tuning.path = Some(mla_decode::ffi::MLA_PATH_TILES);
+    options.tuning.form = Some(form);
+    options
+}
+
 /// [`plan_options`] with each split rule (docs/DESIGN.md §5.3), named: forced flat, forced
 /// within requests (where the schedule allows it), and the schedule's choice.
 pub fn split_rule_options(sm120_occupancy: bool) -> [(&'static str, PlanOptions); 3] {
