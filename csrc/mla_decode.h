@@ -179,7 +179,8 @@ typedef enum {
  * (docs/PERFORMANCE.md log #116). DIRECT: S = Q Kᵀ and O += P V with the query's 8 rows as a
  * 16-row MMA operand, rows 8-15 zero. TRANSPOSED: Sᵀ = K Qᵀ and Oᵀ += Vᵀ Pᵀ with the 8 rows as
  * the MMAs' N: half the MMAs, fewer registers; faster where one CTA has an SM to itself (sm_120
- * always; measured on the H100's sm120-occupancy rows), up to 4 % slower where two share one.
+ * always; 4-8 % on the H200's sm120-occupancy rows) and on sparse steps, up to 4 % slower on dense
+ * steps where two CTAs share an SM (logs #116, #118).
  * The fp8 8-row kernels always run their own transposed form; other configurations have one. */
 #define MLA_FORM_DIRECT 1
 #define MLA_FORM_TRANSPOSED 2
@@ -224,8 +225,8 @@ typedef struct {
                                 65,535 requests (sparse: tokens) */
     int32_t form;            /* MLA_FORM_DIRECT or MLA_FORM_TRANSPOSED, for the 16-bit 8-row 4-warp
                                 configuration (ignored where the schedule picks another). Default
-                                TRANSPOSED where one such CTA per SM fits or is picked (sm_120,
-                                sm120_occupancy, small steps), else DIRECT */
+                                TRANSPOSED on sparse steps and where one such CTA per SM fits
+                                or is picked (sm_120, sm120_occupancy, small steps), else DIRECT */
 } mla_tuning_t;
 
 /* ---- schedule: host-side launch decisions, made once per shape ------------------ */

@@ -134,8 +134,9 @@ pub struct Tuning {
     pub path: Option<u32>,
     /// How the 16-bit 8-row 4-warp tile kernel runs its products: `ffi::MLA_FORM_DIRECT` (the
     /// query's 8 rows as a 16-row MMA operand, rows 8-15 zero) or `ffi::MLA_FORM_TRANSPOSED`
-    /// (Sᵀ = K Qᵀ, Oᵀ += Vᵀ Pᵀ: half the MMAs; the default where one such CTA has an SM to
-    /// itself, as on sm_120). Ignored where the schedule picks another configuration.
+    /// (Sᵀ = K Qᵀ, Oᵀ += Vᵀ Pᵀ: half the MMAs; the default on sparse steps and where one such
+    /// CTA has an SM to itself, as on sm_120). Ignored where the schedule picks another
+    /// configuration.
     pub form: Option<u32>,
 }
 

@@ -30,7 +30,8 @@ struct TileConfig {
     // The transposed form of a half m-tile with 16-bit rows (decode/kernel.cuh kT16): Sᵀ = K Qᵀ
     // and Oᵀ += Vᵀ Pᵀ, the query's 8 rows as the MMAs' N, as the fp8 8-row kernels always run
     // (their kSwapPV): half the MMAs and no zero rows. Faster where a CTA has its SM to itself
-    // (sm_120, one CTA per SM), slower by up to 4 % where two 4-warp CTAs share one (log #116).
+    // (sm_120, one CTA per SM) and on the H200's sparse steps, slower by up to 4 % on dense steps
+    // where two 4-warp CTAs share an SM (logs #116, #118).
     static constexpr bool kTransposed = kTransposed_;
     static constexpr int kFragRows = kHalfM ? 1 : 2;  // fragment rows per lane and m-tile (g, g + 8)
     static constexpr int kBlockM = kHalfM ? 8 : 16 * kMTiles;  // query rows (heads x q_len) per CTA

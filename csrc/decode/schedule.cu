@@ -213,11 +213,13 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     in.block_m = block_m;
     // The 16-bit 8-row 4-warp kernel transposed (log #116) where a CTA has its SM to itself (one
     // per SM: sm_120 always, the H200 in sm120-occupancy mode or on small steps): 1-7 % faster on
-    // the H100's sm120-occupancy rows; with two per SM (the H200's streaming steps) the direct
-    // form, up to 4 % faster. Set before anything below reads the configuration.
-    in.form = form_allowed(fmt, warps, block_m) && (tune.form == MLA_FORM_TRANSPOSED || (tune.form == 0 && ctas == 1))
-                  ? MLA_FORM_TRANSPOSED
-                  : MLA_FORM_DIRECT;
+    // the H100's sm120-occupancy rows, 4-8 % on the H200's (log #118). With two per SM (the H200's
+    // streaming steps) dense steps keep the direct form (the transposed one up to 4 % slower:
+    // b=2 l=16384, 512x15+8192) and sparse ones take the transposed form too (log #118: H200
+    // t=128 h=8 6 % faster, klen 2 %, t=32 even; the H100 even to +1 %). Set before anything
+    // below reads the configuration.
+    const bool transposed = tune.form == 0 ? (ctas == 1 || sparse) : tune.form == MLA_FORM_TRANSPOSED;
+    in.form = form_allowed(fmt, warps, block_m) && transposed ? MLA_FORM_TRANSPOSED : MLA_FORM_DIRECT;
     // Programmatic dependent launch (sm_90+), MLA_PDL_DEFAULT = the launch attribute (the
     // combine's launch overlaps decode) + each decode CTA lets the combine be scheduled when
     // it starts its last tile (docs/PERFORMANCE.md log #20: that hides part of the combine's

@@ -652,9 +652,10 @@ fn raw_append_split_checks() {
     }
 }
 
-/// The schedule's form of the 16-bit 8-row 4-warp kernel (`mla_schedule_internal_t::form`, log
-/// #116): transposed exactly where one such CTA has an SM to itself (sm120-occupancy, sm_120),
-/// as `Tuning::form` forces it there, and never for another configuration or an fp8 cache.
+/// The schedule's form of the 16-bit 8-row 4-warp kernel (`mla_schedule_internal_t::form`, logs
+/// #116, #118): for dense steps transposed exactly where one such CTA has an SM to itself
+/// (sm120-occupancy, sm_120), for sparse ones always, as `Tuning::form` forces it, and never
+/// for another configuration or an fp8 cache.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpu_schedule_form() {
@@ -719,6 +720,31 @@ fn gpu_schedule_form() {
                 (DIRECT, 8, 8),
                 "8 warps x 8 rows: one form"
             );
+        }
+    }
+    // sparse steps take the transposed form at any occupancy (log #118)
+    for kv in [KvFormat::Bf16, KvFormat::F16] {
+        for occ in [false, true] {
+            let sparse = |forced| {
+                let options = PlanOptions {
+                    sm120_occupancy: occ,
+                    tuning: Tuning {
+                        form: forced,
+                        ..Tuning::default()
+                    },
+                };
+                let shape = SparseShape {
+                    num_tokens: 128,
+                    num_heads: 8,
+                    topk: 2048,
+                    kv_format: kv,
+                };
+                let plan = DecodePlan::sparse(&stream, shape, options).unwrap();
+                let s = plan.schedule();
+                (s.internal.form as u32, s.internal.warps, s.internal.block_m)
+            };
+            assert_eq!(sparse(None), (TRANSPOSED, 4, 8), "{kv:?} occupancy {occ}");
+            assert_eq!(sparse(Some(DIRECT)).0, DIRECT, "{kv:?} occupancy {occ}");
         }
     }
     for kv in [KvFormat::Fp8DsMla, KvFormat::Fp8PerTensor] {
