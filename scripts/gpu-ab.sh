@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A/B of schedule knobs ON the GPU machine, in one device call: runs .gpu/bin/bench-decode
-# once per (repetition, setting), settings interleaved so that drift hits them alike, and
+# once per (repetition, setting), settings interleaved so that drift hits them alike (their
+# order rotated per repetition), and
 # prints one table: median µs per case and setting, each repetition's value beside it.
 #
 # usage: MLA_AB="MLA_WARPS=4|MLA_WARPS=8" [MLA_AB_REPS=2] bash scripts/gpu-ab.sh BENCH_ARGS...
@@ -23,8 +24,12 @@ IFS='|' read -r -a settings <<<"${MLA_AB:?set MLA_AB, e.g. MLA_AB=\"MLA_WARPS=4|
 reps=${MLA_AB_REPS:-2}
 tmp=$(mktemp -d)
 : >"$OUT/ab.log"
+n=${#settings[@]}
 for ((r = 0; r < reps; ++r)); do
-    for i in "${!settings[@]}"; do
+    # rotate the order per repetition (setting r mod n first): on small steps the same kernels
+    # measured up to 0.3 us apart by their position in the repetition (log #118)
+    for ((k = 0; k < n; ++k)); do
+        i=$(((k + r) % n))
         s=${settings[$i]}
         read -r -a vars <<<"$s"
         [[ ${vars[0]:-} == - ]] && vars=()
