@@ -200,18 +200,23 @@ constexpr int kMinChunkTiles = 2;  // a part streams at least this many tiles
 constexpr int kCombineWarps = 8;   // warps per combine CTA (decode/combine.cuh)
 constexpr int kRowsMaxBatch = 65535;  // the row kernel's grid: one CTA row per request (decode/rows.cuh)
 
-// Calls f(C{}) with the tile configuration C that (warps, block_m, form) name: 32 rows ->
-// CfgWide (always 8 warps); 8 rows -> Cfg8Half, or CfgHalf / CfgHalfT by form
-// (MLA_FORM_TRANSPOSED: CfgHalfT); else 8 warps -> Cfg8, else Cfg. The schedule, the launch
-// and its argument check all pick the configuration through this one mapping; the form is
-// transposed only where form_allowed says (the launch checks it).
+// Calls f(C{}) with the direct-form tile configuration C that (warps, block_m) name: 32 rows ->
+// CfgWide (always 8 warps); 8 rows -> Cfg8Half or CfgHalf; else 8 warps -> Cfg8, else Cfg.
+// What the schedule sizes (shared memory, CTAs per SM) before it picks the form.
 template <typename F>
-auto with_config(int warps, int block_m, int form, F&& f) {
+auto with_config(int warps, int block_m, F&& f) {
     if (block_m == 32) return f(CfgWide{});
-    if (block_m == 8)
-        return warps == 8 ? f(Cfg8Half{}) : form == MLA_FORM_TRANSPOSED ? f(CfgHalfT{}) : f(CfgHalf{});
+    if (block_m == 8) return warps == 8 ? f(Cfg8Half{}) : f(CfgHalf{});
     if (warps == 8) return f(Cfg8{});
     return f(Cfg{});
+}
+// The same with the schedule's form: MLA_FORM_TRANSPOSED names CfgHalfT where the direct
+// mapping names CfgHalf. The launch and its argument check pick the configuration through
+// this one mapping; the form is transposed only where form_allowed says (the launch checks it).
+template <typename F>
+auto with_config(int warps, int block_m, int form, F&& f) {
+    if (block_m == 8 && warps == 4 && form == MLA_FORM_TRANSPOSED) return f(CfgHalfT{});
+    return with_config(warps, block_m, static_cast<F&&>(f));
 }
 
 // Whether the decode kernel of row format Fmt and configuration C is also instantiated with

@@ -310,14 +310,10 @@ cudaError_t mla::decode_ctas_per_sm(mla_kv_format_t fmt, int warps, int block_m,
     return with_row_format(fmt, [&](auto f) {
         // (the direct form: the transposed one holds fewer registers, and the form is picked
         // by the CTAs per SM this finds)
-        return with_config(warps, block_m, MLA_FORM_DIRECT, [&](auto c) -> cudaError_t {
+        return with_config(warps, block_m, [&](auto c) {
             using C = decltype(c);
-            if constexpr (!kConfigFor<decltype(f), C>) {
-                return cudaErrorInvalidConfiguration;  // (never named: MLA_FORM_DIRECT)
-            } else {
-                return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, decode_kernel<decltype(f), false, C>,
-                                                                     C::kThreads, smem);
-            }
+            return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, decode_kernel<decltype(f), false, C>, C::kThreads,
+                                                                 smem);
         });
     });
 }

@@ -174,7 +174,7 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     // 2 % at 5, and lost up to 5 % from 6 on; sparse h=16 top-64 3.5 % faster, top-128 10 % slower.
     const bool short_reqs = req_tiles <= kShortReqTiles[sparse] && block_m == 16 && m_rows <= 16 && !fp8;
     const bool one_per_sm = (small || medium || short_reqs) && warps == 4;
-    fit = with_config(warps, block_m, MLA_FORM_DIRECT, [&](auto c) {
+    fit = with_config(warps, block_m, [&](auto c) {
         return config_fit<decltype(c)>(fmt, sm120_occupancy, one_per_sm, smem_per_sm, optin, &smem, &ctas);
     });
     if (fit != MLA_STATUS_OK) return fit;

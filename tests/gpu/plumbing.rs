@@ -660,19 +660,13 @@ fn raw_append_split_checks() {
 #[ignore = "needs a CUDA GPU"]
 fn gpu_schedule_form() {
     let stream = stream();
-    let form_with = |heads: usize,
-                     kv_format: KvFormat,
-                     sm120_occupancy: bool,
-                     forced: Option<u32>,
-                     warps: Option<u32>| {
-        let shape = DenseShape {
-            batch: 64,
-            q_len: 1,
-            num_heads: heads,
-            block_size: 64,
-            max_blocks_per_seq: 64,
-            kv_format,
-        };
+    // (form, warps, block_m, CTAs per SM) of a dense b=64 l=4096 or a sparse t=128 top-2048 plan
+    let schedule_of = |sparse: bool,
+                       heads: usize,
+                       kv_format: KvFormat,
+                       sm120_occupancy: bool,
+                       forced: Option<u32>,
+                       warps: Option<u32>| {
         let options = PlanOptions {
             sm120_occupancy,
             tuning: Tuning {
@@ -681,7 +675,26 @@ fn gpu_schedule_form() {
                 ..Tuning::default()
             },
         };
-        let plan = DecodePlan::dense(&stream, shape, options).unwrap();
+        let plan = if sparse {
+            let shape = SparseShape {
+                num_tokens: 128,
+                num_heads: heads,
+                topk: 2048,
+                kv_format,
+            };
+            DecodePlan::sparse(&stream, shape, options)
+        } else {
+            let shape = DenseShape {
+                batch: 64,
+                q_len: 1,
+                num_heads: heads,
+                block_size: 64,
+                max_blocks_per_seq: 64,
+                kv_format,
+            };
+            DecodePlan::dense(&stream, shape, options)
+        }
+        .unwrap();
         let s = plan.schedule();
         (
             s.internal.form as u32,
@@ -689,6 +702,9 @@ fn gpu_schedule_form() {
             s.internal.block_m,
             s.ctas_per_sm,
         )
+    };
+    let form_with = |heads, kv_format, sm120_occupancy, forced, warps| {
+        schedule_of(false, heads, kv_format, sm120_occupancy, forced, warps)
     };
     let form = |heads, kv_format, sm120_occupancy, forced| {
         form_with(heads, kv_format, sm120_occupancy, forced, None)
@@ -720,31 +736,14 @@ fn gpu_schedule_form() {
                 (DIRECT, 8, 8),
                 "8 warps x 8 rows: one form"
             );
-        }
-    }
-    // sparse steps take the transposed form at any occupancy (log #118)
-    for kv in [KvFormat::Bf16, KvFormat::F16] {
-        for occ in [false, true] {
-            let sparse = |forced| {
-                let options = PlanOptions {
-                    sm120_occupancy: occ,
-                    tuning: Tuning {
-                        form: forced,
-                        ..Tuning::default()
-                    },
-                };
-                let shape = SparseShape {
-                    num_tokens: 128,
-                    num_heads: 8,
-                    topk: 2048,
-                    kv_format: kv,
-                };
-                let plan = DecodePlan::sparse(&stream, shape, options).unwrap();
-                let s = plan.schedule();
-                (s.internal.form as u32, s.internal.warps, s.internal.block_m)
-            };
-            assert_eq!(sparse(None), (TRANSPOSED, 4, 8), "{kv:?} occupancy {occ}");
-            assert_eq!(sparse(Some(DIRECT)).0, DIRECT, "{kv:?} occupancy {occ}");
+            // sparse steps take the transposed form at any occupancy (log #118)
+            let (f, warps, block_m, _) = schedule_of(true, 8, kv, occ, None, None);
+            assert_eq!(
+                (f, warps, block_m),
+                (TRANSPOSED, 4, 8),
+                "sparse {kv:?} occupancy {occ}"
+            );
+            assert_eq!(schedule_of(true, 8, kv, occ, Some(DIRECT), None).0, DIRECT);
         }
     }
     for kv in [KvFormat::Fp8DsMla, KvFormat::Fp8PerTensor] {
