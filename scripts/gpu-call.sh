@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One device call's driver, ON the GPU machine: unpacks .gpu/p.tgz (if there), then runs the
-# stages listed in a stage file, in order, each while enough of the call's time is left, and
-# after EVERY stage packs all logs into $OUT/logs.tgz, so that a call cut short (the device
+# One device call's driver, ON the GPU machine (not here: it would unpack .gpu/bin beside
+# .gpu/p.tgz, and the carry would no longer fit): unpacks .gpu/p.tgz (if there), then runs
+# the stages listed in a stage file, in order, each while enough of the call's time is left,
+# and after EVERY stage packs all logs into $OUT/logs.tgz, so that a call cut short (the device
 # budget left is less than timeout_s, or a stage hangs) still brings back what ran before.
 #
 # usage: [DL=SECONDS] bash scripts/gpu-call.sh STAGE_FILE
