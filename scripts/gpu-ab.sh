@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A/B of schedule knobs ON the GPU machine, in one device call: runs .gpu/bin/bench-decode
 # once per (repetition, setting), settings interleaved so that drift hits them alike (their
-# order rotated per repetition), and
-# prints one table: median µs per case and setting, each repetition's value beside it.
+# order rotated per repetition), and prints one table: median µs per case and setting, each
+# repetition's value beside it.
 #
 # usage: MLA_AB="MLA_WARPS=4|MLA_WARPS=8" [MLA_AB_REPS=2] bash scripts/gpu-ab.sh BENCH_ARGS...
 #   MLA_AB       settings separated by '|'; each is a space-separated list of VAR=VALUE
