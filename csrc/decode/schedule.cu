@@ -17,6 +17,9 @@ namespace {
 // (log #85, rules A and B).
 constexpr int64_t kWideReqTiles[2] = {128, 32};
 constexpr int64_t kShortReqTiles[2] = {5, 2};
+// Tiles per request (at max_len) up to which a 16-bit 8-row step of a batch near the SM count
+// keeps every request in one part (log #119).
+constexpr int64_t kShort8Tiles = 8;
 
 // Dynamic shared memory a configuration requests for cache format fmt (padded in
 // sm120-occupancy mode so that an SM holds as many CTAs as an sm_120 SM, and with one_per_sm
@@ -173,7 +176,18 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     // h=12 and q=2 h=8 at b=512-2048 ran 11-16 % faster so at 2-3 tiles per request, 3-9 % at 4,
     // 2 % at 5, and lost up to 5 % from 6 on; sparse h=16 top-64 3.5 % faster, top-128 10 % slower.
     const bool short_reqs = req_tiles <= kShortReqTiles[sparse] && block_m == 16 && m_rows <= 16 && !fp8;
-    const bool one_per_sm = (small || medium || short_reqs) && warps == 4;
+    // Short requests at 8 query rows (the 16-bit 8-row 4-warp steps; log #119): where every request
+    // is at most kShort8Tiles tiles long and the batch alone nearly fills the SMs (at least 2/3 of
+    // a request per SM, at most two), no request is split: parts of whole requests (min_chunk =
+    // the tiles per request; with lengths the closed form then gives each request its own part),
+    // so no piece is written and, where the host can tell, no combine runs; and where the batch
+    // fits one CTA per SM, one transposed 4-warp CTA per SM. The default split cut each request
+    // of these steps into 2-3 parts and merged them: H100 dense b=128 l=128 -20 %, b=160 l=128
+    // -25 %, b=128 l=256 -18 %, sparse t=96 / t=128 top-128 -17 / -18 %, t=128 top-256 -9 %,
+    // lengths uniform in 1-128 -15 %.
+    const bool short8 = block_m == 8 && warps == 4 && !fp8 && !small && req_tiles <= kShort8Tiles &&
+                        3LL * batch >= 2LL * sm_count && batch <= 2LL * sm_count;
+    const bool one_per_sm = (small || medium || short_reqs || (short8 && batch <= sm_count)) && warps == 4;
     fit = with_config(warps, block_m, [&](auto c) {
         return config_fit<decltype(c)>(fmt, sm120_occupancy, one_per_sm, smem_per_sm, optin, &smem, &ctas);
     });
@@ -253,7 +267,9 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
         in.pdl |= MLA_PDL_TRIGGER_AT_START;
     // Parts of one tile on small steps where every tile can have a CTA (above), else at least
     // kMinChunkTiles.
-    in.min_chunk = tune.min_chunk != 0 ? tune.min_chunk : (one_tile_parts ? 1 : kMinChunkTiles);
+    in.min_chunk = tune.min_chunk != 0 ? tune.min_chunk
+                   : short8           ? static_cast<int>(req_tiles)
+                                      : (one_tile_parts ? 1 : kMinChunkTiles);
     in.combine_slices = tune.combine_slices != 0 ? tune.combine_slices : combine_slices(s);
     // Parts within requests (decode/split.cuh) where the kernels allow it (within_allowed: 16-bit
     // caches, 16 or 32 query rows per CTA, batch <= parts), by default on all but small steps

@@ -212,8 +212,24 @@ fn dense_short_requests() {
         (2, 8, 300, 160),
         (1, 8, 520, 1000),
         (1, 12, 1100, 64),
+        // 8 query rows, a batch near the SM count (log #119: whole requests per part)
+        (1, 8, 132, 256),
+        (1, 8, 100, 100),
+        (2, 4, 180, 130),
     ];
     check_default_plans("dense_short_requests", &shapes, |q_len, _| q_len);
+}
+
+/// The 8-row short-request rule (log #119: whole requests per part, one transposed CTA per SM,
+/// the closed form with lengths and no combine) under the sanitizers.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sanitize_dense_short_requests_8_rows() {
+    check_default_plans(
+        "sanitize_dense_short_requests_8_rows",
+        &[(1, 8, 132, 256), (2, 4, 120, 128)],
+        |q_len, _| q_len,
+    );
 }
 
 /// Lengths 0, 1, 15, 16, 17, around every block size, not multiples of it, and the full

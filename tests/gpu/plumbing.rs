@@ -779,3 +779,81 @@ fn gpu_schedule_form() {
         "{err:?}"
     );
 }
+
+/// The short-request rule of the 16-bit 8-row steps (log #119): a batch near the SM count whose
+/// requests are at most 8 tiles (256 positions) keeps every request in one part (min_chunk =
+/// the tiles per request), with one transposed CTA per SM where the batch fits the SMs; outside
+/// the rule (a batch far below or above the SM count, longer requests, fp8 rows) the default
+/// split of at least two tiles per part.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_schedule_short_requests_8_rows() {
+    let stream = stream();
+    let sms = DeviceInfo::query(stream.context()).unwrap().sm_count as usize;
+    use mla_decode::ffi::MLA_FORM_TRANSPOSED as TRANSPOSED;
+    // (min_chunk, CTAs per SM, form) of a default plan
+    let plan_of = |sparse: bool, batch: usize, len: usize, kv_format: KvFormat, occ: bool| {
+        let options = PlanOptions {
+            sm120_occupancy: occ,
+            tuning: Tuning::default(),
+        };
+        let plan = if sparse {
+            let shape = SparseShape {
+                num_tokens: batch,
+                num_heads: 8,
+                topk: len,
+                kv_format,
+            };
+            DecodePlan::sparse(&stream, shape, options)
+        } else {
+            let shape = DenseShape {
+                batch,
+                q_len: 1,
+                num_heads: 8,
+                block_size: 64,
+                max_blocks_per_seq: len.div_ceil(64),
+                kv_format,
+            };
+            DecodePlan::dense(&stream, shape, options)
+        }
+        .unwrap();
+        let s = plan.schedule();
+        (s.internal.min_chunk, s.ctas_per_sm, s.internal.form as u32)
+    };
+    for sparse in [false, true] {
+        for occ in [false, true] {
+            for kv in [KvFormat::Bf16, KvFormat::F16] {
+                let what = format!("sparse {sparse} occupancy {occ} {kv:?}");
+                // a batch of the SM count, requests of 4 and 8 tiles: one part each, one
+                // transposed CTA per SM
+                for (len, tiles) in [(128usize, 4), (256, 8)] {
+                    assert_eq!(
+                        plan_of(sparse, sms, len, kv, occ),
+                        (tiles, 1, TRANSPOSED),
+                        "{what}: b={sms} l={len}"
+                    );
+                }
+                // 3/4 of the SM count: the same
+                assert_eq!(plan_of(sparse, sms * 3 / 4, 192, kv, occ).0, 6, "{what}");
+                // up to twice the SM count: whole requests at the occupancy's CTAs per SM
+                let (chunk, ctas, _) = plan_of(sparse, sms * 3 / 2, 128, kv, occ);
+                assert_eq!(chunk, 4, "{what}");
+                assert_eq!(ctas, if occ { 1 } else { 2 }, "{what}");
+                // outside the rule: the default split
+                assert_eq!(
+                    plan_of(sparse, sms / 2, 256, kv, occ).0,
+                    2,
+                    "{what}: b=sms/2"
+                );
+                assert_eq!(
+                    plan_of(sparse, sms * 3, 128, kv, occ).0,
+                    2,
+                    "{what}: b=3 sms"
+                );
+                assert_eq!(plan_of(sparse, sms, 288, kv, occ).0, 2, "{what}: 9 tiles");
+            }
+            let (chunk, _, _) = plan_of(sparse, sms, 128, KvFormat::Fp8DsMla, occ);
+            assert_eq!(chunk, 2, "fp8_ds_mla: not the 16-bit rule");
+        }
+    }
+}

@@ -378,6 +378,10 @@ fn sparse_short_rows() {
             (100, 64, 768, true),
             (2, 128, 32, false),
             (2, 100, 20, true),
+            // 8 query rows, a batch near the SM count (log #119: whole tokens per part)
+            (132, 8, 128, false),
+            (100, 8, 250, true),
+            (190, 4, 96, true),
         ] {
             let bs = rng.pick(&mla_decode::BLOCK_SIZES);
             let blocks = 4096 / bs + rng.below(8);
@@ -393,6 +397,28 @@ fn sparse_short_rows() {
 
 // ---------------------------------------------------------------------------------------------
 // Inputs the host cannot check
+
+/// The 8-row short-request rule (log #119: whole tokens per part, one transposed CTA per SM;
+/// with and without `topk_len`) under the sanitizers.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sanitize_sparse_short_rows_8_rows() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("sanitize_sparse_short_rows_8_rows");
+    let style = RowStyle {
+        hole: 0.05,
+        bad: 0.0,
+    };
+    for sm120 in [false, true] {
+        for with_len in [false, true] {
+            let bs = rng.pick(&mla_decode::BLOCK_SIZES);
+            let blocks = 2048 / bs + rng.below(8);
+            let label = format!("sanitize_sparse_short_rows_8_rows len {with_len} sm120 {sm120}");
+            let s = random_sparse::<bf16>(&mut rng, 132, 8, 128, blocks, bs, style, with_len);
+            check_problem(&label, &mut rng, &stream, &s, plan_options(sm120));
+        }
+    }
+}
 
 /// A small random problem (split q, strided outputs, padded blocks, holes, topk_len), both
 /// dtypes: the memcheck/racecheck case of sparse decode.
