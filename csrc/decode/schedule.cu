@@ -185,7 +185,7 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     // of these steps into 2-3 parts and merged them: H100 dense b=128 l=128 -20 %, b=160 l=128
     // -25 %, b=128 l=256 -18 %, sparse t=96 / t=128 top-128 -17 / -18 %, t=128 top-256 -9 %,
     // lengths uniform in 1-128 -15 %.
-    const bool short8 = block_m == 8 && warps == 4 && !fp8 && !small && req_tiles <= kShort8Tiles &&
+    const bool short8 = block_m == 8 && m_rows <= 8 && warps == 4 && !fp8 && !small && req_tiles <= kShort8Tiles &&
                         3LL * batch >= 2LL * sm_count && batch <= 2LL * sm_count;
     const bool one_per_sm = (small || medium || short_reqs || (short8 && batch <= sm_count)) && warps == 4;
     fit = with_config(warps, block_m, [&](auto c) {
