@@ -652,6 +652,39 @@ fn raw_append_split_checks() {
     }
 }
 
+/// The plan of a sparse step (`count` tokens, top-`len`) or a dense one (`count` requests of q_len
+/// 1 and `len` positions in blocks of 64), `heads` heads.
+fn default_shape_plan(
+    stream: &Arc<CudaStream>,
+    sparse: bool,
+    count: usize,
+    heads: usize,
+    len: usize,
+    kv_format: KvFormat,
+    options: PlanOptions,
+) -> DecodePlan {
+    if sparse {
+        let shape = SparseShape {
+            num_tokens: count,
+            num_heads: heads,
+            topk: len,
+            kv_format,
+        };
+        DecodePlan::sparse(stream, shape, options)
+    } else {
+        let shape = DenseShape {
+            batch: count,
+            q_len: 1,
+            num_heads: heads,
+            block_size: 64,
+            max_blocks_per_seq: len.div_ceil(64),
+            kv_format,
+        };
+        DecodePlan::dense(stream, shape, options)
+    }
+    .unwrap()
+}
+
 /// The schedule's form of the 16-bit 8-row 4-warp kernel (`mla_schedule_internal_t::form`, logs
 /// #116, #118): for dense steps transposed exactly where one such CTA has an SM to itself
 /// (sm120-occupancy, sm_120), for sparse ones always, as `Tuning::form` forces it, and never
@@ -675,26 +708,9 @@ fn gpu_schedule_form() {
                 ..Tuning::default()
             },
         };
-        let plan = if sparse {
-            let shape = SparseShape {
-                num_tokens: 128,
-                num_heads: heads,
-                topk: 2048,
-                kv_format,
-            };
-            DecodePlan::sparse(&stream, shape, options)
-        } else {
-            let shape = DenseShape {
-                batch: 64,
-                q_len: 1,
-                num_heads: heads,
-                block_size: 64,
-                max_blocks_per_seq: 64,
-                kv_format,
-            };
-            DecodePlan::dense(&stream, shape, options)
-        }
-        .unwrap();
+        // sparse t=128 top-2048, dense b=64 l=4096
+        let (count, len) = if sparse { (128, 2048) } else { (64, 4096) };
+        let plan = default_shape_plan(&stream, sparse, count, heads, len, kv_format, options);
         let s = plan.schedule();
         (
             s.internal.form as u32,
@@ -797,26 +813,7 @@ fn gpu_schedule_short_requests_8_rows() {
             sm120_occupancy: occ,
             tuning: Tuning::default(),
         };
-        let plan = if sparse {
-            let shape = SparseShape {
-                num_tokens: batch,
-                num_heads: 8,
-                topk: len,
-                kv_format,
-            };
-            DecodePlan::sparse(&stream, shape, options)
-        } else {
-            let shape = DenseShape {
-                batch,
-                q_len: 1,
-                num_heads: 8,
-                block_size: 64,
-                max_blocks_per_seq: len.div_ceil(64),
-                kv_format,
-            };
-            DecodePlan::dense(&stream, shape, options)
-        }
-        .unwrap();
+        let plan = default_shape_plan(&stream, sparse, batch, 8, len, kv_format, options);
         let s = plan.schedule();
         (s.internal.min_chunk, s.ctas_per_sm, s.internal.form as u32)
     };

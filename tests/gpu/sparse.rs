@@ -365,15 +365,10 @@ fn sparse_split_within_requests_and_flat() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn sparse_short_rows() {
-    let (_ctx, stream) = gpu();
-    let mut rng = rng_for("sparse_short_rows");
-    let style = RowStyle {
-        hole: 0.05,
-        bad: 0.0,
-    };
-    for sm120 in [false, true] {
-        for (tokens, heads, topk, with_len) in [
-            (600usize, 16usize, 64usize, false),
+    check_short_rows(
+        "sparse_short_rows",
+        &[
+            (600, 16, 64, false),
             (300, 16, 64, true),
             (100, 64, 768, true),
             (2, 128, 32, false),
@@ -382,12 +377,24 @@ fn sparse_short_rows() {
             (132, 8, 128, false),
             (100, 8, 250, true),
             (190, 4, 96, true),
-        ] {
+        ],
+    );
+}
+
+/// Default plans of (tokens, heads, topk, with topk_len) in both occupancies, bf16, random block
+/// sizes, 5 % holes.
+fn check_short_rows(name: &str, shapes: &[(usize, usize, usize, bool)]) {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for(name);
+    let style = RowStyle {
+        hole: 0.05,
+        bad: 0.0,
+    };
+    for sm120 in [false, true] {
+        for &(tokens, heads, topk, with_len) in shapes {
             let bs = rng.pick(&mla_decode::BLOCK_SIZES);
             let blocks = 4096 / bs + rng.below(8);
-            let label = format!(
-                "sparse_short_rows tokens {tokens} heads {heads} topk {topk} sm120 {sm120}"
-            );
+            let label = format!("{name} tokens {tokens} heads {heads} topk {topk} sm120 {sm120}");
             let s =
                 random_sparse::<bf16>(&mut rng, tokens, heads, topk, blocks, bs, style, with_len);
             check_problem(&label, &mut rng, &stream, &s, plan_options(sm120));
@@ -403,21 +410,10 @@ fn sparse_short_rows() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn sanitize_sparse_short_rows_8_rows() {
-    let (_ctx, stream) = gpu();
-    let mut rng = rng_for("sanitize_sparse_short_rows_8_rows");
-    let style = RowStyle {
-        hole: 0.05,
-        bad: 0.0,
-    };
-    for sm120 in [false, true] {
-        for with_len in [false, true] {
-            let bs = rng.pick(&mla_decode::BLOCK_SIZES);
-            let blocks = 2048 / bs + rng.below(8);
-            let label = format!("sanitize_sparse_short_rows_8_rows len {with_len} sm120 {sm120}");
-            let s = random_sparse::<bf16>(&mut rng, 132, 8, 128, blocks, bs, style, with_len);
-            check_problem(&label, &mut rng, &stream, &s, plan_options(sm120));
-        }
-    }
+    check_short_rows(
+        "sanitize_sparse_short_rows_8_rows",
+        &[(132, 8, 128, false), (132, 8, 128, true)],
+    );
 }
 
 /// A small random problem (split q, strided outputs, padded blocks, holes, topk_len), both
