@@ -394,7 +394,9 @@ fn check_short_rows(name: &str, shapes: &[(usize, usize, usize, bool)]) {
         for &(tokens, heads, topk, with_len) in shapes {
             let bs = rng.pick(&mla_decode::BLOCK_SIZES);
             let blocks = 4096 / bs + rng.below(8);
-            let label = format!("{name} tokens {tokens} heads {heads} topk {topk} sm120 {sm120}");
+            let label = format!(
+                "{name} tokens {tokens} heads {heads} topk {topk} len {with_len} sm120 {sm120}"
+            );
             let s =
                 random_sparse::<bf16>(&mut rng, tokens, heads, topk, blocks, bs, style, with_len);
             check_problem(&label, &mut rng, &stream, &s, plan_options(sm120));
