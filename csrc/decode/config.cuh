@@ -230,9 +230,10 @@ constexpr bool kWithinKernel = !C::kHalfM && !Fmt::kFp8;
 // its first tiles issued before the lengths are read (kSpec: the closed form with lengths,
 // decode/split.cuh closed_lens_parts), dense and sparse: the one-m-tile configurations that the small-step
 // schedule picks: 8 warps (parts of one tile: up to SMs / 2 tiles for 16-bit rows, SMs for
-// fp8) and, for 16-bit rows, 4 warps (parts of two tiles, up to 2 x SMs).
+// fp8), for 16-bit rows 4 warps (parts of two tiles, up to 2 x SMs), and the fp8 8-row 4-warp
+// one (the short-request steps of one part per request, schedule.cu short8; log #120).
 template <typename Fmt, typename C>
-constexpr bool kSpecKernel = C::kMTiles == 1 && (C::kWarps == 8 || !Fmt::kFp8);
+constexpr bool kSpecKernel = C::kMTiles == 1 && (C::kWarps == 8 || !Fmt::kFp8 || C::kHalfM);
 
 // Whether the decode kernel of row format Fmt and configuration C is also instantiated for the
 // flat split with lengths (kAligned: the aligned chunk for equal lengths, decode/split.cuh

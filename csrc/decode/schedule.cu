@@ -17,9 +17,9 @@ namespace {
 // (log #85, rules A and B).
 constexpr int64_t kWideReqTiles[2] = {128, 32};
 constexpr int64_t kShortReqTiles[2] = {5, 2};
-// Tiles per request (at max_len) up to which a 16-bit 8-row step of a batch near the SM count
-// keeps every request in one part (log #119).
-constexpr int64_t kShort8Tiles = 8;
+// Tiles per request (at max_len) up to which an 8-row step of a batch near the SM count keeps
+// every request in one part, 16-bit / fp8 rows (logs #119, #120).
+constexpr int64_t kShort8Tiles[2] = {8, 4};
 
 // Dynamic shared memory a configuration requests for cache format fmt (padded in
 // sm120-occupancy mode so that an SM holds as many CTAs as an sm_120 SM, and with one_per_sm
@@ -185,9 +185,12 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     // of these steps into 2-3 parts and merged them: H100 dense b=128 l=128 -20 %, b=160 l=128
     // -25 %, b=128 l=256 -18 %, sparse t=96 / t=128 top-128 -17 / -18 %, t=128 top-256 -9 %,
     // lengths uniform in 1-128 -15 %.
-    const bool short8 = block_m == 8 && m_rows <= 8 && warps == 4 && !fp8 && !small && req_tiles <= kShort8Tiles &&
+    // fp8_ds_mla rows the same up to 4 tiles per request (log #120, H100: sparse t=96 / t=160
+    // top-128 -18 / -24 %, dense b=160 l=128 -17 %, t=128 and b=128 even; 8-tile requests lost
+    // 7-10 % as one part each), at the CTAs per SM of their streaming steps.
+    const bool short8 = block_m == 8 && m_rows <= 8 && warps == 4 && !small && req_tiles <= kShort8Tiles[fp8] &&
                         3LL * batch >= 2LL * sm_count && batch <= 2LL * sm_count;
-    const bool one_per_sm = (small || medium || short_reqs || (short8 && batch <= sm_count)) && warps == 4;
+    const bool one_per_sm = (small || medium || short_reqs || (short8 && !fp8 && batch <= sm_count)) && warps == 4;
     fit = with_config(warps, block_m, [&](auto c) {
         return config_fit<decltype(c)>(fmt, sm120_occupancy, one_per_sm, smem_per_sm, optin, &smem, &ctas);
     });

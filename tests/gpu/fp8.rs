@@ -416,6 +416,91 @@ fn sanitize_fp8_decode_small() {
     }
 }
 
+/// Default plans of fp8 steps of 8 query rows and short requests, both occupancies, every fp8
+/// kind, f16/bf16 queries: (dense, batch or tokens, heads, longest or topk, with lengths).
+/// Dense lengths are drawn from 1 to the longest, or all the longest; sparse rows have 5 %
+/// holes and, with lengths, topk_len drawn from 0 to topk.
+fn check_fp8_short_rows(name: &str, shapes: &[(bool, usize, usize, usize, bool)]) {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for(name);
+    let style = RowStyle {
+        hole: 0.05,
+        bad: 0.0,
+    };
+    let mut i = 0;
+    for sm120 in [false, true] {
+        for &(dense, batch, heads, longest, with_len) in shapes {
+            let kind = FP8_KINDS[i % FP8_KINDS.len()];
+            let dtype = [DType::Bf16, DType::F16][(i / FP8_KINDS.len()) % 2];
+            i += 1;
+            let bs = rng.pick(&mla_decode::BLOCK_SIZES);
+            let label = format!(
+                "{name} dense {dense} batch {batch} heads {heads} longest {longest} len {with_len} \
+                 {kind:?} {dtype:?} sm120 {sm120}"
+            );
+            with_dtype!(dtype, T => {
+                if dense {
+                    let lens: Vec<i32> = (0..batch)
+                        .map(|_| if with_len { rng.range(1, longest) } else { longest } as i32)
+                        .collect();
+                    let spec = DenseSpec {
+                        q_len: 1,
+                        heads,
+                        block_size: bs,
+                        max_blocks_per_seq: longest.div_ceil(bs),
+                        table_pad: rng.below(3),
+                        block_pad: 8 * rng.below(3),
+                        spare_blocks: rng.below(4),
+                        junk_unused: true,
+                        seq_lens: lens,
+                        scale: rng.softmax_scale(),
+                    };
+                    let s = DenseSetup::<T>::build(&mut rng, &spec);
+                    let p = Fp8::dense(&mut rng, s, kind, 1.0);
+                    check_problem(&label, &mut rng, &stream, &p, plan_options(sm120));
+                } else {
+                    let blocks = 4096 / bs + rng.below(8);
+                    let s = random_sparse::<T>(&mut rng, batch, heads, longest, blocks, bs, style, with_len);
+                    let p = Fp8::sparse(&mut rng, s, kind, 1.0);
+                    check_problem(&label, &mut rng, &stream, &p, plan_options(sm120));
+                }
+            });
+        }
+    }
+}
+
+/// fp8 steps of 8 query rows, a batch near the SM count of H100/H200 and short requests (log
+/// #120: whole requests per part; with lengths the closed form, one part per request, no
+/// combine), and ones beside the rule (9-tile requests, three times the SM count).
+#[test]
+#[ignore = "needs a GPU"]
+fn fp8_short_requests_8_rows() {
+    check_fp8_short_rows(
+        "fp8_short_requests_8_rows",
+        &[
+            (true, 132, 8, 128, false),
+            (true, 160, 8, 128, true),
+            (true, 100, 8, 96, true),
+            (true, 132, 8, 288, true),
+            (true, 400, 8, 128, true),
+            (false, 132, 8, 128, false),
+            (false, 96, 8, 128, true),
+            (false, 190, 4, 100, true),
+            (false, 132, 8, 256, true),
+        ],
+    );
+}
+
+/// The fp8 8-row short-request rule (log #120) under the sanitizers, with and without lengths.
+#[test]
+#[ignore = "needs a GPU"]
+fn sanitize_fp8_short_requests_8_rows() {
+    check_fp8_short_rows(
+        "sanitize_fp8_short_requests_8_rows",
+        &[(true, 132, 8, 128, true), (false, 132, 8, 128, true)],
+    );
+}
+
 /// A per-tensor fp8 cache needs its scale (an invalid argument naming kv_cache); with it, the
 /// dense decode runs.
 #[test]

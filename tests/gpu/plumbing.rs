@@ -850,8 +850,24 @@ fn gpu_schedule_short_requests_8_rows() {
                 );
                 assert_eq!(plan_of(sparse, sms, 288, kv, occ).0, 2, "{what}: 9 tiles");
             }
-            let (chunk, _, _) = plan_of(sparse, sms, 128, KvFormat::Fp8DsMla, occ);
-            assert_eq!(chunk, 2, "fp8_ds_mla: not the 16-bit rule");
+            // fp8_ds_mla (log #120): whole requests up to 4 tiles, at the CTAs per SM of its
+            // streaming steps, the direct form; 8-tile requests keep the default split
+            let fp8 = KvFormat::Fp8DsMla;
+            let fp8_streaming_ctas = plan_of(false, 64, 4096, fp8, occ).1.min(2);
+            let what = format!("sparse {sparse} occupancy {occ} fp8_ds_mla");
+            for batch in [sms * 3 / 4, sms, sms * 3 / 2] {
+                let (chunk, ctas, form) = plan_of(sparse, batch, 128, fp8, occ);
+                assert_eq!(chunk, 4, "{what}: b={batch} l=128");
+                assert_eq!(ctas, fp8_streaming_ctas, "{what}: b={batch} l=128");
+                assert_ne!(form, TRANSPOSED, "{what}");
+            }
+            assert_eq!(plan_of(sparse, sms, 96, fp8, occ).0, 3, "{what}: l=96");
+            assert_eq!(plan_of(sparse, sms, 256, fp8, occ).0, 2, "{what}: 8 tiles");
+            assert_eq!(
+                plan_of(sparse, sms * 3, 128, fp8, occ).0,
+                2,
+                "{what}: b=3 sms"
+            );
         }
     }
 }
