@@ -850,15 +850,18 @@ fn gpu_schedule_short_requests_8_rows() {
                 );
                 assert_eq!(plan_of(sparse, sms, 288, kv, occ).0, 2, "{what}: 9 tiles");
             }
-            // fp8_ds_mla (log #120): whole requests up to 4 tiles, at the CTAs per SM of its
-            // streaming steps, the direct form; 8-tile requests keep the default split
+            // fp8_ds_mla (log #120): whole requests up to 4 tiles, the direct form, one CTA per
+            // SM up to 4 tiles per SM (the medium-step rule, log #84 (c)), past it the CTAs per
+            // SM of a streaming step (at most two: not long); 8-tile requests keep the default
+            // split
             let fp8 = KvFormat::Fp8DsMla;
             let fp8_streaming_ctas = plan_of(false, 64, 4096, fp8, occ).1.min(2);
             let what = format!("sparse {sparse} occupancy {occ} fp8_ds_mla");
             for batch in [sms * 3 / 4, sms, sms * 3 / 2] {
                 let (chunk, ctas, form) = plan_of(sparse, batch, 128, fp8, occ);
+                let want_ctas = if batch <= sms { 1 } else { fp8_streaming_ctas };
                 assert_eq!(chunk, 4, "{what}: b={batch} l=128");
-                assert_eq!(ctas, fp8_streaming_ctas, "{what}: b={batch} l=128");
+                assert_eq!(ctas, want_ctas, "{what}: b={batch} l=128");
                 assert_ne!(form, TRANSPOSED, "{what}");
             }
             assert_eq!(plan_of(sparse, sms, 96, fp8, occ).0, 3, "{what}: l=96");
