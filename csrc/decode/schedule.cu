@@ -187,8 +187,9 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     // lengths uniform in 1-128 -15 %.
     // fp8_ds_mla rows the same up to 4 tiles per request (log #120, H100: sparse t=96 / t=160
     // top-128 -20 / -23 %, klen uniform 1-128 -35 %, dense b=128 / b=160 l=128 -18 / -31 %, t=128
-    // top-128 even; 8-tile requests lost 7-10 % as one part each), with one CTA per SM up to 4 tiles per SM (the medium-step rule
-    // above) and past it the CTAs per SM of their streaming steps.
+    // top-128 even; 8-tile requests lost 7-10 % as one part each), with one CTA per SM up to 4
+    // tiles per SM (the medium-step rule above) and past it the CTAs per SM of their streaming
+    // steps.
     const bool short8 = block_m == 8 && m_rows <= 8 && warps == 4 && !small && req_tiles <= kShort8Tiles[fp8] &&
                         3LL * batch >= 2LL * sm_count && batch <= 2LL * sm_count;
     const bool one_per_sm = (small || medium || short_reqs || (short8 && !fp8 && batch <= sm_count)) && warps == 4;
