@@ -3,6 +3,7 @@
 // Event-timed medians (L2 flushed before each run) of: an empty event pair, one empty
 // kernel, chains of empty kernels with and without programmatic dependent launch, and
 // kernels whose CTAs do k dependent DRAM round trips.
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -90,6 +91,65 @@ __global__ void consumer_kernel(const float* pieces, const unsigned* counter, un
         s += v.x + v.y + v.z + v.w;
     }
     out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}
+
+// The same handoff without a second kernel (a lead for issue #13's small split steps): the
+// producers run in clusters of 8; each CTA keeps its 16 KB piece in shared memory, the
+// cluster sums its 8 pieces through distributed shared memory (CTA r takes 2 KB slice r of
+// every peer), then CTA r of each cluster writes its slice, fences and bumps slice r's
+// counter; the last cluster to arrive (the counter mod the cluster count, never reset) sums
+// the clusters' slices and writes the output. clusters = gridDim.x / 8. Without global_phase
+// the cluster pieces are left for a PDL-launched consumer_kernel (fewer pieces to fold).
+__global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256)
+    cluster_merge_kernel(float4* slices, unsigned* counters, float4* out, long long delay, int global_phase) {
+    namespace cg = cooperative_groups;
+    __shared__ float4 piece[1024];
+    __shared__ float4 upper[128];
+    __shared__ unsigned last;
+    cg::cluster_group cl = cg::this_cluster();
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    const long long t0 = clock64();
+    while (clock64() - t0 < delay) {
+    }
+    for (int i = threadIdx.x; i < 1024; i += blockDim.x) piece[i] = make_float4(i, blockIdx.x, 0.f, 1.f);
+    cl.sync();
+    const unsigned r = cl.block_rank();
+    const int t = threadIdx.x & 127, idx = r * 128 + t;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int q = threadIdx.x >> 7; q < 8; q += 2) {
+        const float4 v = cl.map_shared_rank(piece, q)[idx];
+        acc.x += v.x;
+        acc.y += v.y;
+        acc.z += v.z;
+        acc.w += v.w;
+    }
+    if (threadIdx.x >= 128) upper[t] = acc;
+    cl.sync();  // (every peer's reads done before any CTA leaves; upper[] visible)
+    const int clusters = gridDim.x / 8, c = blockIdx.x / 8;
+    if (threadIdx.x < 128) {
+        const float4 u = upper[t];
+        acc.x += u.x;
+        acc.y += u.y;
+        acc.z += u.z;
+        acc.w += u.w;
+        slices[(c * 8 + r) * 128 + t] = acc;  // (cluster c's merged piece: float4s c * 1024 ..)
+    }
+    if (!global_phase) return;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&counters[r], 1u) % clusters == clusters - 1;
+    __syncthreads();
+    if (!last || threadIdx.x >= 128) return;
+    __threadfence();
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int k = 0; k < clusters; ++k) {
+        const float4 v = __ldcg(&slices[(k * 8 + r) * 128 + t]);
+        s.x += v.x;
+        s.y += v.y;
+        s.z += v.z;
+        s.w += v.w;
+    }
+    out[idx] = s;
 }
 
 // Instruction fetch: a warp runs N straight-line independent adds (16 bytes of code each)
@@ -203,7 +263,7 @@ int main() {
     {
         float* pieces;
         unsigned* cnt;
-        CK(cudaMalloc(&pieces, 64 * 16384));
+        CK(cudaMalloc(&pieces, 128 * 16384));
         CK(cudaMalloc(&cnt, 4));
         for (long long delay : {0LL, 4000LL}) {
             for (int mode = 0; mode < 2; ++mode) {
@@ -216,6 +276,33 @@ int main() {
                            data);
                 });
                 printf("handoff %s, delay %4lld cyc %6.2f us\n", mode ? "flag poll  " : "pdl wait   ", delay, t);
+            }
+            for (int ctas : {8, 64, 128}) {
+                unsigned* cnts;
+                float4 *slices, *cout;
+                CK(cudaMalloc(&cnts, 8 * 4));
+                CK(cudaMemset(cnts, 0, 8 * 4));
+                CK(cudaMalloc(&slices, ctas * 2048));
+                CK(cudaMalloc(&cout, 16384));
+                const float t = median_us([&] {
+                    launch(cluster_merge_kernel, ctas, 256, true, slices, cnts, cout, delay, ctas > 8 ? 1 : 0);
+                });
+                CK(cudaGetLastError());
+                printf("cluster merge, %3d CTAs, delay %4lld cyc %6.2f us\n", ctas, delay, t);
+                const float th = median_us([&] {
+                    launch(cluster_merge_kernel, ctas, 256, true, slices, cnts, cout, delay, 0);
+                    launch(consumer_kernel, 32, 256, true, (const float*)slices, (const unsigned*)cnts, 0u, ctas / 8,
+                           0, data);
+                });
+                printf("  cluster merge + pdl consumer of %2d pieces %6.2f us\n", ctas / 8, th);
+                for (int pdl = 0; pdl < 1; ++pdl) {
+                    const float t2 = median_us([&] {
+                        launch(producer_kernel, ctas, 256, true, pieces, cnt, 0, delay);
+                        launch(consumer_kernel, 32, 256, true, (const float*)pieces, (const unsigned*)cnt, 0u, ctas,
+                               0, data);
+                    });
+                    printf("  pdl handoff, %3d CTAs, same delay %6.2f us\n", ctas, t2);
+                }
             }
         }
     }
