@@ -10,6 +10,8 @@
 // per SM per clock (4.0 = one per scheduler per clock, the issue limit).
 // Measured on an H100 (session 34, docs/PERFORMANCE.md log #106): F2FP ~1.4, LOP3/SHF/PRMT ~1.9,
 // IADD3/FMUL ~3.7. The HMMA-mixed variant's figure is not a rate: its chains share registers.
+// MOVM (movmatrix, an in-register 8x8 b16 transpose) and SHFL were added in session 47: a
+// fragment converted once for S could be transposed for P V instead of converted again.
 #include <cstdio>
 #include <cstdint>
 #include <cuda_runtime.h>
@@ -25,14 +27,15 @@
 
 constexpr int kChains = 8;
 
-enum Op { F2FP_LO, F2FP_HI, LOP3, SHF, PRMT, IADD, IMAD, FMUL, HFMA2, TRICK, TRICK_NAN, HMMA, HMMA_F2FP2, HMMA_TRICK2, kOps };
+enum Op { F2FP_LO, F2FP_HI, LOP3, SHF, PRMT, IADD, IMAD, FMUL, HFMA2, TRICK, TRICK_NAN, MOVM, SHFL, HMMA, HMMA_F2FP2, HMMA_TRICK2, kOps };
 static const char* kNames[kOps] = {
     "F2FP e4m3x2->f16x2 (lo half)", "F2FP e4m3x2->f16x2 (hi half)", "LOP3", "SHF (funnel)", "PRMT",
     "IADD3", "IMAD", "FMUL", "HFMA2", "int e4m3x2->f16x2 (no NaN)", "int e4m3x2->f16x2 (NaN kept)",
+    "MOVM (movmatrix m8n8 .trans b16)", "SHFL (bfly)",
     "HMMA m16n8k16 f16", "HMMA + 2 F2FP", "HMMA + 2 int conversions"};
 // SASS instructions per step, as counted from the listing (filled in from cuobjdump by hand;
 // the rate printed is steps per SM per clock times this)
-static const int kInstr[kOps] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+static const int kInstr[kOps] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
 
 // Integer e4m3 x2 -> f16 x2 (bytes 1 and 3 of x, in the high bytes of its halves), value / 2^8:
 // sign stays at bit 15, exponent and mantissa shift right by one (e4m3's bias 7, f16's 15).
@@ -90,6 +93,10 @@ __global__ void __launch_bounds__(1024, 1) rate(uint32_t* out, int iters, long l
                 x = int_cvt(x) ^ k1;  // the xor keeps the chain's values moving (one LOP3 more)
             } else if constexpr (kOp == TRICK_NAN) {
                 x = int_cvt_nan(x) ^ k1;
+            } else if constexpr (kOp == MOVM) {
+                asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %0;" : "+r"(x));
+            } else if constexpr (kOp == SHFL) {
+                asm volatile("shfl.sync.bfly.b32 %0, %0, 1, 0x1f, 0xffffffff;" : "+r"(x));
             }
         }
         if constexpr (kOp == HMMA || kOp == HMMA_F2FP2 || kOp == HMMA_TRICK2) {
@@ -167,6 +174,8 @@ int main() {
     rc |= run<HFMA2>(sms, out, cyc, hcyc);
     rc |= run<TRICK>(sms, out, cyc, hcyc);
     rc |= run<TRICK_NAN>(sms, out, cyc, hcyc);
+    rc |= run<MOVM>(sms, out, cyc, hcyc);
+    rc |= run<SHFL>(sms, out, cyc, hcyc);
     rc |= run<HMMA>(sms, out, cyc, hcyc);
     rc |= run<HMMA_F2FP2>(sms, out, cyc, hcyc);
     rc |= run<HMMA_TRICK2>(sms, out, cyc, hcyc);
