@@ -11,7 +11,8 @@
 // Measured on an H100 (session 34, docs/PERFORMANCE.md log #106): F2FP ~1.4, LOP3/SHF/PRMT ~1.9,
 // IADD3/FMUL ~3.7. The HMMA-mixed variant's figure is not a rate: its chains share registers.
 // MOVM (movmatrix, an in-register 8x8 b16 transpose) and SHFL were added in session 47: a
-// fragment converted once for S could be transposed for P V instead of converted again.
+// fragment converted once for S could be transposed for P V instead of converted again. H100
+// (log #121): MOVM 1.00, SHFL 1.00 warp-instr/SM/clk: no cheaper than F2FP + half a PRMT.
 #include <cstdio>
 #include <cstdint>
 #include <cuda_runtime.h>

@@ -100,6 +100,8 @@ __global__ void consumer_kernel(const float* pieces, const unsigned* counter, un
 // counter; the last cluster to arrive (the counter mod the cluster count, never reset) sums
 // the clusters' slices and writes the output. clusters = gridDim.x / 8. Without global_phase
 // the cluster pieces are left for a PDL-launched consumer_kernel (fewer pieces to fold).
+// H100, session 47 (docs/PERFORMANCE.md log #121): 64 CTAs 7.26 us against the PDL handoff's
+// 6.94, 128 CTAs 8.22 against 8.67.
 __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256)
     cluster_merge_kernel(float4* slices, unsigned* counters, float4* out, long long delay, int global_phase) {
     namespace cg = cooperative_groups;
