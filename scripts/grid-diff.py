@@ -25,7 +25,7 @@ def time_of(r):
 
 
 def main(argv):
-    args = [a for a in argv[1:]]
+    args = list(argv[1:])
     min_pct, match = 0.0, ""
     if "--min" in args:
         i = args.index("--min")

@@ -102,6 +102,13 @@ __global__ void consumer_kernel(const float* pieces, const unsigned* counter, un
 // the cluster pieces are left for a PDL-launched consumer_kernel (fewer pieces to fold).
 // H100, session 47 (docs/PERFORMANCE.md log #121): 64 CTAs 7.26 us against the PDL handoff's
 // 6.94, 128 CTAs 8.22 against 8.67.
+__device__ __forceinline__ void add4(float4& a, const float4& v) {
+    a.x += v.x;
+    a.y += v.y;
+    a.z += v.z;
+    a.w += v.w;
+}
+
 __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256)
     cluster_merge_kernel(float4* slices, unsigned* counters, float4* out, long long delay, int global_phase) {
     namespace cg = cooperative_groups;
@@ -118,22 +125,12 @@ __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256)
     const unsigned r = cl.block_rank();
     const int t = threadIdx.x & 127, idx = r * 128 + t;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int q = threadIdx.x >> 7; q < 8; q += 2) {
-        const float4 v = cl.map_shared_rank(piece, q)[idx];
-        acc.x += v.x;
-        acc.y += v.y;
-        acc.z += v.z;
-        acc.w += v.w;
-    }
+    for (int q = threadIdx.x >> 7; q < 8; q += 2) add4(acc, cl.map_shared_rank(piece, q)[idx]);
     if (threadIdx.x >= 128) upper[t] = acc;
     cl.sync();  // (every peer's reads done before any CTA leaves; upper[] visible)
     const int clusters = gridDim.x / 8, c = blockIdx.x / 8;
     if (threadIdx.x < 128) {
-        const float4 u = upper[t];
-        acc.x += u.x;
-        acc.y += u.y;
-        acc.z += u.z;
-        acc.w += u.w;
+        add4(acc, upper[t]);
         slices[(c * 8 + r) * 128 + t] = acc;  // (cluster c's merged piece: float4s c * 1024 ..)
     }
     if (!global_phase) return;
@@ -144,13 +141,7 @@ __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(256)
     if (!last || threadIdx.x >= 128) return;
     __threadfence();
     float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int k = 0; k < clusters; ++k) {
-        const float4 v = __ldcg(&slices[(k * 8 + r) * 128 + t]);
-        s.x += v.x;
-        s.y += v.y;
-        s.z += v.z;
-        s.w += v.w;
-    }
+    for (int k = 0; k < clusters; ++k) add4(s, __ldcg(&slices[(k * 8 + r) * 128 + t]));
     out[idx] = s;
 }
 
@@ -267,6 +258,12 @@ int main() {
         unsigned* cnt;
         CK(cudaMalloc(&pieces, 128 * 16384));
         CK(cudaMalloc(&cnt, 4));
+        // the cluster merge's counters (one per slice), slices (2 KB per CTA) and output
+        unsigned* cnts;
+        float4 *slices, *cout;
+        CK(cudaMalloc(&cnts, 8 * 4));
+        CK(cudaMalloc(&slices, 128 * 2048));
+        CK(cudaMalloc(&cout, 16384));
         for (long long delay : {0LL, 4000LL}) {
             for (int mode = 0; mode < 2; ++mode) {
                 CK(cudaMemset(cnt, 0, 4));
@@ -280,12 +277,7 @@ int main() {
                 printf("handoff %s, delay %4lld cyc %6.2f us\n", mode ? "flag poll  " : "pdl wait   ", delay, t);
             }
             for (int ctas : {8, 64, 128}) {
-                unsigned* cnts;
-                float4 *slices, *cout;
-                CK(cudaMalloc(&cnts, 8 * 4));
                 CK(cudaMemset(cnts, 0, 8 * 4));
-                CK(cudaMalloc(&slices, ctas * 2048));
-                CK(cudaMalloc(&cout, 16384));
                 const float t = median_us([&] {
                     launch(cluster_merge_kernel, ctas, 256, true, slices, cnts, cout, delay, ctas > 8 ? 1 : 0);
                 });
@@ -297,14 +289,12 @@ int main() {
                            0, data);
                 });
                 printf("  cluster merge + pdl consumer of %2d pieces %6.2f us\n", ctas / 8, th);
-                for (int pdl = 0; pdl < 1; ++pdl) {
-                    const float t2 = median_us([&] {
-                        launch(producer_kernel, ctas, 256, true, pieces, cnt, 0, delay);
-                        launch(consumer_kernel, 32, 256, true, (const float*)pieces, (const unsigned*)cnt, 0u, ctas,
-                               0, data);
-                    });
-                    printf("  pdl handoff, %3d CTAs, same delay %6.2f us\n", ctas, t2);
-                }
+                const float t2 = median_us([&] {
+                    launch(producer_kernel, ctas, 256, true, pieces, cnt, 0, delay);
+                    launch(consumer_kernel, 32, 256, true, (const float*)pieces, (const unsigned*)cnt, 0u, ctas, 0,
+                           data);
+                });
+                printf("  pdl handoff, %3d CTAs, same delay %6.2f us\n", ctas, t2);
             }
         }
     }
