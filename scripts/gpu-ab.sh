@@ -70,7 +70,7 @@ for n, per in rows.items():
 # Gaps: rows where setting [0] (the default, in a knob sweep) is slower than the best setting by
 # more than MLA_AB_GAP percent (default 3), and rows whose [0] is slower than its own
 # sm120-occupancy twin's [0] by as much (the twin runs the default's configuration at one CTA per
-# SM): where the schedule leaves time on the table (docs/DEVELOPING.md, "Session 20").
+# SM): where the schedule leaves time on the table (docs/wip/device-sessions.md, "Session 20").
 gap = float(os.environ.get("MLA_AB_GAP", "3"))
 med = {n: {i: statistics.median(v) for i, v in per.items() if v} for n, per in rows.items()}
 lines = []
