@@ -3,7 +3,8 @@
 //! bindgen over `csrc/mla_decode.h`.
 //!
 //! Without nvcc (or under docs.rs) the kernels are skipped, the crate still compiles
-//! with `cfg(mla_no_kernels)`, and every call returns `Error::KernelsNotBuilt`.
+//! with `cfg(mla_no_kernels)`, and every call returns `Error::KernelsNotBuilt`; with
+//! `MLA_REQUIRE_KERNELS=1` a missing nvcc fails the build instead.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -24,6 +25,7 @@ fn main() {
         "MLA_NVCC_FLAGS",
         "DOCS_RS",
         "MLA_NO_KERNELS",
+        "MLA_REQUIRE_KERNELS",
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
@@ -36,6 +38,13 @@ fn main() {
         return;
     }
     let Some(nvcc) = find_nvcc() else {
+        if env::var_os("MLA_REQUIRE_KERNELS").is_some_and(|v| v != "0") {
+            panic!(
+                "mla-decode: nvcc not found (tried $NVCC, $CUDA_HOME/bin, $CUDA_PATH/bin, PATH, \
+                 /usr/local/cuda/bin) and MLA_REQUIRE_KERNELS is set: install a CUDA toolkit >= 12.8 \
+                 or set NVCC=/path/to/nvcc"
+            );
+        }
         println!(
             "cargo:warning=mla-decode: nvcc not found (tried $NVCC, $CUDA_HOME/bin, $CUDA_PATH/bin, \
              PATH, /usr/local/cuda/bin); building WITHOUT kernels: every call returns \

@@ -121,6 +121,8 @@ extern "C" mla_status_t mla_append_kv(const mla_append_params_t* p, void* stream
               static_cast<long long>(p->kv_token_stride), static_cast<long long>(nope_min));
     MLA_CHECK(aligned16(p->kv), "kv: not 16-byte aligned");
     MLA_CHECK(!split || aligned16(p->kv_rope), "kv_rope: not 16-byte aligned");
+    MLA_CHECK(p->kv_rope != p->kv,
+              "kv_rope: equals kv (packed 576-wide rows: pass kv_rope = NULL, or kv + 512 elements)");
     MLA_CHECK(!split || rows_ok(p->kv_rope_token_stride, MLA_ROPE_DIM),
               "kv_rope_token_stride: %lld, must be in 64..=INT64_MAX/2 and keep rows 16-byte aligned",
               static_cast<long long>(p->kv_rope_token_stride));

@@ -65,7 +65,8 @@ typedef enum {
     MLA_STATUS_OK = 0,
     MLA_STATUS_INVALID_ARGUMENT = 1, /* a host-side check failed: mla_last_error() names the field */
     MLA_STATUS_UNSUPPORTED = 2,      /* valid but not implemented by this build or version (also: a GPU
-                                        whose architecture the build has no kernels for) */
+                                        whose architecture the build has no kernels for, or a
+                                        driver older than the CUDA runtime the build links) */
     MLA_STATUS_NO_DEVICE = 3,        /* no CUDA driver or device (calls run on the thread's
                                         current device, as the CUDA runtime does: device 0
                                         and its primary context when none is current) */
@@ -334,7 +335,7 @@ typedef struct {
      * block_table[b * block_table_stride + p / block_size] */
     const int32_t* block_table;
     int32_t max_blocks_per_seq;  /* columns used; max_blocks_per_seq * block_size <= INT32_MAX - 31 */
-    int64_t block_table_stride;  /* >= max_blocks_per_seq (unused when batch == 1) */
+    int64_t block_table_stride;  /* max_blocks_per_seq..=INT32_MAX (unused when batch == 1) */
     /* seq_lens [batch] int32: cache rows of each request, clamped to
      * [0, max_blocks_per_seq * block_size]; a negative or too-large value records a fault (codes 2, 3) */
     const int32_t* seq_lens;
@@ -369,7 +370,7 @@ typedef struct {
     int32_t block_size;
     const int32_t* indices;  /* [T, indices_stride] int32 */
     int32_t topk;            /* 1..=4096 */
-    int64_t indices_stride;  /* >= topk (unused when num_tokens == 1) */
+    int64_t indices_stride;  /* topk..=INT32_MAX (unused when num_tokens == 1) */
     /* [T] int32 entries used per row, clamped to [0, topk] (a value outside records code 7);
      * NULL: topk each */
     const int32_t* topk_len;
@@ -413,7 +414,8 @@ typedef struct {
     /* Since ABI 4 (a caller built against an older header passes a shorter struct and
      * must be rebuilt: compare mla_abi_version() / mla_struct_size() at load time).
      * NULL keeps the packed rows. */
-    const void* kv_rope;         /* NULL, or [num_tokens, kv_rope_token_stride] in dtype, 16-byte aligned */
+    const void* kv_rope;         /* NULL, or [num_tokens, kv_rope_token_stride] in dtype, 16-byte aligned;
+                                    kv_rope == kv is rejected (it is never what a caller means) */
     int64_t kv_rope_token_stride; /* with kv_rope: >= 64, times the element size a multiple of 16
                                      (unused when num_tokens == 1) */
 } mla_append_params_t;
@@ -432,17 +434,17 @@ typedef struct {
     int32_t num_tokens;          /* 0..=MLA_MAX_GATHER_TOKENS */
     int32_t topk;                /* 1..=4096 entries per row */
     const int32_t* positions;    /* [num_tokens, positions_stride] */
-    int64_t positions_stride;    /* >= topk (unused when num_tokens == 1) */
+    int64_t positions_stride;    /* topk..=INT32_MAX (unused when num_tokens == 1) */
     const int32_t* req_id;       /* [num_tokens] */
     int32_t batch;               /* requests: rows of the block table and of seq_lens */
     const int32_t* block_table;  /* [batch, block_table_stride] */
     int32_t max_blocks_per_seq;
-    int64_t block_table_stride;  /* >= max_blocks_per_seq (unused when batch == 1) */
+    int64_t block_table_stride;  /* max_blocks_per_seq..=INT32_MAX (unused when batch == 1) */
     const int32_t* seq_lens;     /* [batch] */
     int32_t num_blocks;          /* of the cache the slots index */
     int32_t block_size;
     int32_t* out_slots;          /* [num_tokens, out_stride] */
-    int64_t out_stride;          /* >= topk (unused when num_tokens == 1) */
+    int64_t out_stride;          /* topk..=INT32_MAX (unused when num_tokens == 1) */
     uint32_t* error_flag;        /* may be NULL */
 } mla_gather_params_t;
 

@@ -42,7 +42,10 @@ pub(crate) mod sealed {
     }
 
     /// Element types of which every bit pattern is a value.
-    pub trait AnyBits {}
+    pub trait AnyBits {
+        /// The 16-bit float type it is, for the cache views' element check.
+        const HALF: Option<crate::types::DType> = None;
+    }
 }
 
 /// An element type of which every bit pattern is a valid value: the integers, `f32`, `f64`,
@@ -57,20 +60,20 @@ macro_rules! any_bit_pattern {
         impl AnyBitPattern for $t {}
     )*};
 }
-any_bit_pattern!(
-    u8,
-    i8,
-    u16,
-    i16,
-    u32,
-    i32,
-    u64,
-    i64,
-    f32,
-    f64,
-    half::f16,
-    half::bf16
-);
+any_bit_pattern!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64);
+impl sealed::AnyBits for half::f16 {
+    const HALF: Option<crate::types::DType> = Some(crate::types::DType::F16);
+}
+impl AnyBitPattern for half::f16 {}
+impl sealed::AnyBits for half::bf16 {
+    const HALF: Option<crate::types::DType> = Some(crate::types::DType::Bf16);
+}
+impl AnyBitPattern for half::bf16 {}
+
+/// The 16-bit float type `E` is (`None` for bytes and the other types).
+pub(crate) const fn half_of<E: AnyBitPattern>() -> Option<crate::types::DType> {
+    <E as sealed::AnyBits>::HALF
+}
 
 /// A device buffer of `T` that a call may read: a [`CudaSlice<T>`], [`CudaView<T>`] or
 /// [`CudaViewMut<T>`], passed as `&buf` (sealed). `Sync`, so that the argument structs

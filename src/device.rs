@@ -7,6 +7,13 @@ use cudarc::driver::{result, CudaContext};
 
 use crate::error::Result;
 
+/// Whether this build of the crate holds its kernels: `false` when it was built without nvcc
+/// (`MLA_NO_KERNELS=1`, docs.rs, or no nvcc found, which the build reports only as a warning
+/// that cargo hides for git and registry dependencies); every call then returns
+/// [`Error::KernelsNotBuilt`](crate::Error::KernelsNotBuilt). An engine can assert it at
+/// start-up, or build with `MLA_REQUIRE_KERNELS=1` to make a missing nvcc a build error.
+pub const KERNELS_BUILT: bool = !cfg!(mla_no_kernels);
+
 /// Whether CUDA is usable here: the driver library (libcuda) loads, initializes (`cuInit`)
 /// and reports at least one device. Computed once.
 ///

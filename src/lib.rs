@@ -147,7 +147,7 @@ pub use cache_ops::{
 };
 pub use config::{MlaConfig, Yarn};
 pub use decode::{dense_decode, sparse_decode, DenseArgs, SparseArgs};
-pub use device::{cuda_available, DeviceInfo};
+pub use device::{cuda_available, DeviceInfo, KERNELS_BUILT};
 pub use error::{last_c_error, status_to_result, Error, Result};
 pub use flag::{ErrorFlag, FaultCode, FlagReading};
 pub use graph::capture_graph;

@@ -100,7 +100,9 @@ pub struct PlanOptions {
 
 /// Experiment overrides of what the schedule picks from the shape (`None` = the shape's
 /// choice). Each is the field of the same name in the C ABI's `mla_tuning_t`
-/// (`csrc/mla_decode.h` documents the defaults); a value outside the listed ones makes
+/// (`csrc/mla_decode.h` documents the defaults), with one difference: the C ABI's 0 means
+/// "the schedule's choice" in every field, while here that is `None`, and `pdl: Some(0)`
+/// turns programmatic dependent launch off (the C ABI's `MLA_PDL_OFF`). A value outside the listed ones makes
 /// [`DecodePlan::dense`] / [`DecodePlan::sparse`] fail with
 /// [`Error::InvalidArgument`](crate::Error::InvalidArgument). The bench translates its
 /// `MLA_WARPS`, `MLA_BLOCK_M`, `MLA_PDL`, `MLA_COMBINE_SLICES`, `MLA_MIN_CHUNK`, `MLA_SPLIT`, `MLA_PATH`

@@ -17,7 +17,7 @@ use crate::buffer::{
     self, sealed, AnyBitPattern, Bound, DeviceWrite, IntoDeviceRead, IntoDeviceWrite,
 };
 use crate::error::{Error, Result};
-use crate::types::{KvFormat, BLOCK_SIZES, HEAD_DIM, LATENT_DIM};
+use crate::types::{DType, KvFormat, BLOCK_SIZES, HEAD_DIM, LATENT_DIM};
 use crate::validate::{CacheDesc, IndicesDesc, QueryDesc, Rows, TableDesc};
 
 /// Strides, in elements, of a `[tokens, heads, width]` tensor.
@@ -321,13 +321,17 @@ impl CacheLayout {
 /// [`KvFormat::Fp8PerTensor`] cache.
 ///
 /// The cache is not typed by the query's element type: an f16/bf16 cache is usually a
-/// `CudaSlice<f16>`/`CudaSlice<bf16>`, an fp8 cache a `CudaSlice<u8>`; any element type is
-/// accepted and only the bytes count. Cheap to clone.
+/// `CudaSlice<f16>`/`CudaSlice<bf16>`, an fp8 cache a `CudaSlice<u8>`; any
+/// [`AnyBitPattern`] element type is accepted and only the bytes count, except that a
+/// buffer of `f16` declared [`KvFormat::Bf16`] (or of `bf16` declared `F16`) is refused by
+/// the call that uses it (`kv_cache`): that mix-up would read every value wrong. Cheap to
+/// clone.
 #[derive(Debug)]
 pub struct KvCache<'a> {
     bytes: CudaView<'a, u8>,
     layout: CacheLayout,
     scale: Option<CudaView<'a, f32>>,
+    elem: Option<DType>,
 }
 
 impl Clone for KvCache<'_> {
@@ -336,6 +340,7 @@ impl Clone for KvCache<'_> {
             bytes: self.bytes.slice(..),
             layout: self.layout,
             scale: self.scale.as_ref().map(|s| s.slice(..)),
+            elem: self.elem,
         }
     }
 }
@@ -346,6 +351,7 @@ pub struct KvCacheMut<'a> {
     bytes: CudaViewMut<'a, u8>,
     layout: CacheLayout,
     scale: Option<CudaView<'a, f32>>,
+    elem: Option<DType>,
 }
 
 /// The bytes of a view.
@@ -360,23 +366,27 @@ impl<'a> KvCache<'a> {
     /// naming `kv_cache` when its byte length is not a whole number of blocks (a trailing
     /// partial block would turn valid-looking block ids into device faults), or
     /// `block_size` when that is not one of [`BLOCK_SIZES`].
-    pub fn contiguous<E: 'a>(
+    pub fn contiguous<E: AnyBitPattern + 'a>(
         kv_cache: impl IntoDeviceRead<'a, E>,
         format: KvFormat,
         block_size: usize,
     ) -> Result<Self> {
-        let bytes = bytes_of(sealed::IntoView::into_view(kv_cache));
-        let layout = CacheLayout::contiguous(format, block_size, bytes.len())?;
-        Ok(KvCache::new(bytes, layout))
+        let view = sealed::IntoView::into_view(kv_cache);
+        let layout = CacheLayout::contiguous(format, block_size, view.num_bytes())?;
+        Ok(KvCache::new(view, layout))
     }
 
     /// Blocks as `layout` says (padded blocks, or only the first blocks of a buffer);
     /// checked by the call that uses it.
-    pub fn new<E: 'a>(kv_cache: impl IntoDeviceRead<'a, E>, layout: CacheLayout) -> Self {
+    pub fn new<E: AnyBitPattern + 'a>(
+        kv_cache: impl IntoDeviceRead<'a, E>,
+        layout: CacheLayout,
+    ) -> Self {
         KvCache {
             bytes: bytes_of(sealed::IntoView::into_view(kv_cache)),
             layout,
             scale: None,
+            elem: buffer::half_of::<E>(),
         }
     }
 
@@ -424,7 +434,7 @@ impl<'a> KvCache<'a> {
     pub(crate) fn bind<'s>(&'s self, stream: &'s CudaStream) -> BoundCache<'s> {
         let data = buffer::read(&self.bytes, stream);
         let scale = buffer::read_opt(&self.scale, stream);
-        BoundCache::new(data, scale, self.layout)
+        BoundCache::new(data, scale, self.layout, self.elem)
     }
 }
 
@@ -432,8 +442,11 @@ impl<'a> KvCacheMut<'a> {
     /// Unpadded blocks of `block_size` rows in `format` filling the whole buffer; errors as
     /// [`KvCache::contiguous`].
     ///
-    /// Takes `&mut buf` only (not a `CudaViewMut` by value): pass `&mut buf.slice_mut(a..b)`
-    /// for a sub-range.
+    /// Takes `&mut buf` only (not a `CudaViewMut` by value). For a sub-range, bind the view
+    /// first, so that it outlives the cache view:
+    /// `let mut part = buf.slice_mut(a..b); let kc = KvCacheMut::contiguous(&mut part, format, bs)?;`
+    /// (`&mut buf.slice_mut(a..b)` inline is a temporary that the returned view would
+    /// outlive: error E0716).
     pub fn contiguous<E: AnyBitPattern>(
         kv_cache: &'a mut impl DeviceWrite<E>,
         format: KvFormat,
@@ -445,6 +458,7 @@ impl<'a> KvCacheMut<'a> {
             bytes,
             layout,
             scale: None,
+            elem: buffer::half_of::<E>(),
         })
     }
 
@@ -457,6 +471,7 @@ impl<'a> KvCacheMut<'a> {
             bytes: sealed::Write::bytes_mut(kv_cache),
             layout,
             scale: None,
+            elem: buffer::half_of::<E>(),
         }
     }
 
@@ -477,6 +492,7 @@ impl<'a> KvCacheMut<'a> {
             bytes: self.bytes.as_view(),
             layout: self.layout,
             scale: self.scale.as_ref().map(|s| s.slice(..)),
+            elem: self.elem,
         }
     }
 
@@ -488,7 +504,7 @@ impl<'a> KvCacheMut<'a> {
     pub(crate) fn bind<'s>(&'s mut self, stream: &'s CudaStream) -> BoundCache<'s> {
         let data = buffer::write(&mut self.bytes, stream);
         let scale = buffer::read_opt(&self.scale, stream);
-        BoundCache::new(data, scale, self.layout)
+        BoundCache::new(data, scale, self.layout, self.elem)
     }
 }
 
@@ -503,7 +519,7 @@ pub(crate) struct BoundCache<'s> {
 }
 
 impl<'s> BoundCache<'s> {
-    fn new(data: Bound<'s>, scale: Option<Bound<'s>>, l: CacheLayout) -> Self {
+    fn new(data: Bound<'s>, scale: Option<Bound<'s>>, l: CacheLayout, elem: Option<DType>) -> Self {
         BoundCache {
             desc: CacheDesc {
                 buf: data.buf,
@@ -512,6 +528,7 @@ impl<'s> BoundCache<'s> {
                 block_size: l.block_size,
                 block_stride_bytes: l.block_stride_bytes,
                 scale: scale.as_ref().map(|s| s.buf),
+                elem,
             },
             addr: data.addr,
             scale_addr: buffer::addr_of(&scale),

@@ -164,19 +164,24 @@ impl KvFormat {
         }
     }
 
-    /// Name as the bench's `kv_format` field spells it: `"f16"`, `"bf16"`, `"fp8_ds_mla"`,
-    /// `"fp8_per_tensor"`.
+    /// Name as the bench's `kv_format` field and the C ABI's `mla_kv_format_t` spell it:
+    /// `"f16"`, `"bf16"`, `"fp8_ds_mla"`, `"fp8"` (per-tensor fp8, what engines call
+    /// `kv_cache_dtype=fp8`).
     pub const fn name(self) -> &'static str {
         match self {
             KvFormat::F16 => "f16",
             KvFormat::Bf16 => "bf16",
             KvFormat::Fp8DsMla => "fp8_ds_mla",
-            KvFormat::Fp8PerTensor => "fp8_per_tensor",
+            KvFormat::Fp8PerTensor => "fp8",
         }
     }
 
-    /// Parses a [`KvFormat::name`].
+    /// Parses a [`KvFormat::name`]; `"fp8_per_tensor"` is also taken for
+    /// [`KvFormat::Fp8PerTensor`].
     pub fn from_name(name: &str) -> Option<KvFormat> {
+        if name == "fp8_per_tensor" {
+            return Some(KvFormat::Fp8PerTensor);
+        }
         KvFormat::ALL.into_iter().find(|f| f.name() == name)
     }
 
@@ -256,7 +261,12 @@ mod tests {
             assert_eq!(f.row_bytes() % 16, 0, "{f}: rows stay 16-byte aligned");
             assert_eq!(f.dtype().map(DType::kv_format), f.dtype().map(|_| f));
         }
-        assert_eq!(KvFormat::from_name("fp8"), None);
+        assert_eq!(KvFormat::from_name("fp8"), Some(KvFormat::Fp8PerTensor));
+        assert_eq!(
+            KvFormat::from_name("fp8_per_tensor"),
+            Some(KvFormat::Fp8PerTensor)
+        );
+        assert_eq!(KvFormat::from_name("e4m3"), None);
         assert_eq!(DType::Bf16.kv_format(), KvFormat::Bf16);
     }
 

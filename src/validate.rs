@@ -150,6 +150,9 @@ pub struct CacheDesc {
     pub block_stride_bytes: usize,
     /// The per-tensor fp32 scale ([`KvFormat::Fp8PerTensor`] only).
     pub scale: Option<Buf>,
+    /// The element type of the buffer the cache view was made from, where that is f16 or
+    /// bf16 (`None`: bytes or another type): an f16/bf16 format must name the same one.
+    pub elem: Option<DType>,
 }
 
 /// A block table `[batch, stride]` int32.
@@ -607,6 +610,17 @@ fn outputs(
 fn cache(c: &CacheDesc, device: usize, slot_ids: bool) -> Result<()> {
     const ARG: &str = "kv_cache";
     on_device(ARG, &c.buf, device)?;
+    if let (Some(e), Some(d)) = (c.elem, c.format.dtype()) {
+        if e != d {
+            return Err(bad(
+                ARG,
+                format!(
+                    "declared {}, but its buffer holds {e} elements: declare the format of the rows it holds",
+                    c.format
+                ),
+            ));
+        }
+    }
     cache_geometry(c, slot_ids)?;
     cache_storage(c, device)
 }
@@ -955,6 +969,14 @@ fn append_inner(c: &AppendCall, rope: Option<(&Buf, usize)>) -> Result<()> {
         Some((rb, rs)) => {
             let nope = ("kv_nope", "kv_nope_token_stride");
             token_rows(c, nope, &c.kv, c.kv_token_stride, LATENT_DIM)?;
+            if rb.addr == c.kv.addr {
+                return Err(bad(
+                    "kv_rope",
+                    "kv_rope starts where kv_nope does (packed 576-wide rows: use the packed \
+                     append, or a kv_rope view 512 elements in)"
+                        .to_string(),
+                ));
+            }
             token_rows(c, ("kv_rope", "kv_rope_token_stride"), rb, rs, ROPE_DIM)?;
         }
     }
@@ -1113,6 +1135,7 @@ mod tests {
             block_size: 64,
             block_stride_bytes: bs,
             scale: format.needs_tensor_scale().then(|| buf(9, 4)),
+            elem: format.dtype(),
         }
     }
 
@@ -1338,6 +1361,9 @@ mod tests {
             ("cache format vs plan", "kv_cache", |c| {
                 c.kv_cache = cache_of(KvFormat::F16)
             }),
+            ("cache buffer of the other 16-bit type", "kv_cache", |c| {
+                c.kv_cache.elem = Some(DType::F16)
+            }),
             ("cache block size vs plan", "kv_cache", |c| {
                 c.kv_cache.block_size = 32;
                 c.kv_cache.block_stride_bytes = 32 * 1152;
@@ -1506,6 +1532,9 @@ mod tests {
                 c.kv_cache = cache_of(KvFormat::Fp8DsMla)
             }),
             ("cache dtype vs kv", "kv_cache", |c| c.dtype = DType::F16),
+            ("cache buffer of the other 16-bit type", "kv_cache", |c| {
+                c.kv_cache.elem = Some(DType::F16)
+            }),
             ("per-tensor without scale", "kv_cache", |c| {
                 c.kv_cache = CacheDesc {
                     scale: None,
@@ -1557,6 +1586,7 @@ mod tests {
             ("rope device", "kv_rope", |c| c.kv_rope.device = 1),
             ("rope address", "kv_rope", |c| c.kv_rope.addr += 8),
             ("rope short", "kv_rope", |c| c.kv_rope.bytes -= 2),
+            ("rope aliases nope", "kv_rope", |c| c.kv_rope = c.rows.kv),
             ("rope stride short", "kv_rope_token_stride", |c| {
                 c.kv_rope_token_stride = 56
             }),

@@ -30,9 +30,17 @@ mla_status_t mla::fail(mla_status_t status, const char* fmt, ...) {
 
 mla_status_t mla::cuda_fail(cudaError_t e, const char* what) {
     g_cuda_error = static_cast<int32_t>(e);
-    const bool no_device = e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ||
-                           e == cudaErrorInitializationError || e == cudaErrorStubLibrary ||
-                           e == cudaErrorDevicesUnavailable;
+    const bool no_device = e == cudaErrorNoDevice || e == cudaErrorInitializationError ||
+                           e == cudaErrorStubLibrary || e == cudaErrorDevicesUnavailable;
+    // a driver older than the CUDA runtime this library links statically: the device is there,
+    // this build cannot use it (README "Requirements": a 13.0 build needs an R580+ driver)
+    if (e == cudaErrorInsufficientDriver) {
+        return fail(MLA_STATUS_UNSUPPORTED,
+                    "%s failed: %s (cudaError_t %d): the NVIDIA driver is older than the CUDA %d.%d runtime "
+                    "this library was built with; update the driver or build with an older toolkit",
+                    what, cudaGetErrorString(e), static_cast<int>(e), CUDART_VERSION / 1000,
+                    CUDART_VERSION % 1000 / 10);
+    }
     // a GPU whose architecture this build has no code for (e.g. an sm_89 card and the default
     // MLA_CUDA_ARCHS=120,90): valid, but not implemented by this build
     const bool no_image = e == cudaErrorNoKernelImageForDevice || e == cudaErrorUnsupportedPtxVersion ||

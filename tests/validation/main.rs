@@ -43,6 +43,7 @@ fn cache() -> CacheDesc {
         block_size: 64,
         block_stride_bytes: 64 * 1152,
         scale: None,
+        elem: None,
     }
 }
 
