@@ -30,17 +30,21 @@ mla_status_t mla::fail(mla_status_t status, const char* fmt, ...) {
 
 mla_status_t mla::cuda_fail(cudaError_t e, const char* what) {
     g_cuda_error = static_cast<int32_t>(e);
-    const bool no_device = e == cudaErrorNoDevice || e == cudaErrorInitializationError ||
-                           e == cudaErrorStubLibrary || e == cudaErrorDevicesUnavailable;
-    // a driver older than the CUDA runtime this library links statically: the device is there,
-    // this build cannot use it (README "Requirements": a 13.0 build needs an R580+ driver)
-    if (e == cudaErrorInsufficientDriver) {
+    // cudaErrorInsufficientDriver is also what the runtime answers where no driver is installed
+    // at all (then cudaDriverGetVersion reports 0: no device); with a driver present, it is older
+    // than the CUDA runtime this library links statically: the device is there, this build
+    // cannot use it (README "Requirements": a 13.0 build needs an R580+ driver)
+    int driver = 0;
+    if (e == cudaErrorInsufficientDriver && cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0) {
         return fail(MLA_STATUS_UNSUPPORTED,
-                    "%s failed: %s (cudaError_t %d): the NVIDIA driver is older than the CUDA %d.%d runtime "
-                    "this library was built with; update the driver or build with an older toolkit",
-                    what, cudaGetErrorString(e), static_cast<int>(e), CUDART_VERSION / 1000,
-                    CUDART_VERSION % 1000 / 10);
+                    "%s failed: %s (cudaError_t %d): the NVIDIA driver (CUDA %d.%d) is older than the CUDA "
+                    "%d.%d runtime this library was built with; update the driver or build with an older toolkit",
+                    what, cudaGetErrorString(e), static_cast<int>(e), driver / 1000, driver % 1000 / 10,
+                    CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
     }
+    const bool no_device = e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ||
+                           e == cudaErrorInitializationError || e == cudaErrorStubLibrary ||
+                           e == cudaErrorDevicesUnavailable;
     // a GPU whose architecture this build has no code for (e.g. an sm_89 card and the default
     // MLA_CUDA_ARCHS=120,90): valid, but not implemented by this build
     const bool no_image = e == cudaErrorNoKernelImageForDevice || e == cudaErrorUnsupportedPtxVersion ||
