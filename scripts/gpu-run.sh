@@ -16,7 +16,7 @@
 #
 # env (all optional):
 #   MLA_DEADLINE_S        seconds the whole run may take (default 570, inside the 600 s call)
-#   MLA_TIMEOUT_TESTS     per-step caps in seconds (defaults 240 / 300 / 300 / 300), each also
+#   MLA_TIMEOUT_TESTS     per-step caps in seconds (defaults 330 / 300 / 300 / 300), each also
 #   MLA_TIMEOUT_SANITIZE  cut to what is left of the deadline
 #   MLA_TIMEOUT_BENCH
 #   MLA_TIMEOUT_NCU
@@ -109,7 +109,7 @@ step_tests() {
     ((${#bins[@]})) || { log "tests: no $BIN/test-*"; record tests "FAIL (no test binaries)" 0; return; }
     : >"$logf"
     for b in "${bins[@]}"; do
-        secs=$(budget $((${MLA_TIMEOUT_TESTS:-240} - (SECONDS - t0))))
+        secs=$(budget $((${MLA_TIMEOUT_TESTS:-330} - (SECONDS - t0))))
         if ((secs == 0)); then
             log "tests: no time left for $b"
             rc=124
