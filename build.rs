@@ -38,19 +38,17 @@ fn main() {
         return;
     }
     let Some(nvcc) = find_nvcc() else {
+        const NOT_FOUND: &str = "mla-decode: nvcc not found (tried $NVCC, $CUDA_HOME/bin, \
+                                 $CUDA_PATH/bin, PATH, /usr/local/cuda/bin)";
+        const INSTALL: &str = "Install a CUDA toolkit >= 12.8 (or `pip install \
+             nvidia-cuda-nvcc==13.0.* nvidia-cuda-runtime==13.0.* nvidia-cuda-crt==13.0.* \
+             nvidia-nvvm==13.0.* nvidia-cuda-cccl==13.0.*`) and set NVCC=/path/to/nvcc.";
         if env::var_os("MLA_REQUIRE_KERNELS").is_some_and(|v| v != "0") {
-            panic!(
-                "mla-decode: nvcc not found (tried $NVCC, $CUDA_HOME/bin, $CUDA_PATH/bin, PATH, \
-                 /usr/local/cuda/bin) and MLA_REQUIRE_KERNELS is set: install a CUDA toolkit >= 12.8 \
-                 or set NVCC=/path/to/nvcc"
-            );
+            panic!("{NOT_FOUND} and MLA_REQUIRE_KERNELS is set. {INSTALL}");
         }
         println!(
-            "cargo:warning=mla-decode: nvcc not found (tried $NVCC, $CUDA_HOME/bin, $CUDA_PATH/bin, \
-             PATH, /usr/local/cuda/bin); building WITHOUT kernels: every call returns \
-             Error::KernelsNotBuilt. Install a CUDA toolkit >= 12.8 (or `pip install \
-             nvidia-cuda-nvcc==13.0.* nvidia-cuda-runtime==13.0.* nvidia-cuda-crt==13.0.* \
-             nvidia-nvvm==13.0.* nvidia-cuda-cccl==13.0.*`) and set NVCC=/path/to/nvcc."
+            "cargo:warning={NOT_FOUND}; building WITHOUT kernels: every call returns \
+             Error::KernelsNotBuilt. {INSTALL}"
         );
         build_stubs();
         return;

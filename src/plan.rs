@@ -102,8 +102,8 @@ pub struct PlanOptions {
 /// choice). Each is the field of the same name in the C ABI's `mla_tuning_t`
 /// (`csrc/mla_decode.h` documents the defaults), with one difference: the C ABI's 0 means
 /// "the schedule's choice" in every field, while here that is `None`, and `pdl: Some(0)`
-/// turns programmatic dependent launch off (the C ABI's `MLA_PDL_OFF`). A value outside the listed ones makes
-/// [`DecodePlan::dense`] / [`DecodePlan::sparse`] fail with
+/// turns programmatic dependent launch off (the C ABI's `MLA_PDL_OFF`). A value outside the
+/// listed ones makes [`DecodePlan::dense`] / [`DecodePlan::sparse`] fail with
 /// [`Error::InvalidArgument`](crate::Error::InvalidArgument). The bench translates its
 /// `MLA_WARPS`, `MLA_BLOCK_M`, `MLA_PDL`, `MLA_COMBINE_SLICES`, `MLA_MIN_CHUNK`, `MLA_SPLIT`, `MLA_PATH`
 /// and `MLA_FORM` environment variables into this; the library itself reads no environment variable.
