@@ -109,6 +109,8 @@ extern "C" mla_status_t mla_append_kv(const mla_append_params_t* p, void* stream
     if (p->num_tokens == 0) return MLA_STATUS_OK;
     MLA_CHECK(p->kv != nullptr, "kv: NULL");
     MLA_CHECK(p->slot_mapping != nullptr, "slot_mapping: NULL");
+    MLA_CHECK(aligned_to(p->slot_mapping, 8), "slot_mapping: not 8-byte aligned");
+    MLA_CHECK(aligned_to(p->error_flag, 4), "error_flag: not 4-byte aligned");
     MLA_CHECK(p->kv_cache != nullptr, "kv_cache: NULL");
     const bool split = p->kv_rope != nullptr;
     const int64_t nope_min = split ? kLatentDim : kHeadDim;
@@ -134,9 +136,12 @@ extern "C" mla_status_t mla_append_kv(const mla_append_params_t* p, void* stream
     MLA_CHECK(aligned16(p->kv_cache), "kv_cache: not 16-byte aligned");
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     if (f == MLA_KV_F16 || f == MLA_KV_BF16) {
-        append_kernel<<<static_cast<unsigned>((static_cast<int64_t>(p->num_tokens) + 7) / 8), 256, 0, st>>>(
-            static_cast<const uint8_t*>(p->kv), nope_ts * 2, rope, rope_ts * 2, p->num_tokens, p->slot_mapping,
-            static_cast<uint8_t*>(p->kv_cache), p->block_stride_bytes, p->num_blocks, p->block_size, p->error_flag);
+        const dim3 grid(static_cast<unsigned>((static_cast<int64_t>(p->num_tokens) + 7) / 8));
+        MLA_CUDA_TRY_AS(launch_ex(append_kernel, grid, dim3(256), 0, st, static_cast<const uint8_t*>(p->kv), nope_ts * 2,
+                                  rope, rope_ts * 2, p->num_tokens, p->slot_mapping,
+                                  static_cast<uint8_t*>(p->kv_cache), p->block_stride_bytes, p->num_blocks,
+                                  p->block_size, p->error_flag),
+                        "the append launch");
     } else {
         MLA_CHECK((reinterpret_cast<uintptr_t>(p->kv_scale) & 3) == 0, "kv_scale: not 4-byte aligned");
         Fp8AppendParams q{};
@@ -157,7 +162,6 @@ extern "C" mla_status_t mla_append_kv(const mla_append_params_t* p, void* stream
         q.error_flag = p->error_flag;
         MLA_CUDA_TRY(launch_append_fp8(q, st));
     }
-    MLA_CUDA_TRY(cudaGetLastError());
     return MLA_STATUS_OK;
 }
 
@@ -189,11 +193,18 @@ extern "C" mla_status_t mla_gather_slots(const mla_gather_params_t* p, void* str
     MLA_CHECK(p->block_table != nullptr, "block_table: NULL");
     MLA_CHECK(p->seq_lens != nullptr, "seq_lens: NULL");
     MLA_CHECK(p->out_slots != nullptr, "out_slots: NULL");
+    MLA_CHECK(aligned_to(p->positions, 4), "positions: not 4-byte aligned");
+    MLA_CHECK(aligned_to(p->req_id, 4), "req_id: not 4-byte aligned");
+    MLA_CHECK(aligned_to(p->block_table, 4), "block_table: not 4-byte aligned");
+    MLA_CHECK(aligned_to(p->seq_lens, 4), "seq_lens: not 4-byte aligned");
+    MLA_CHECK(aligned_to(p->out_slots, 4), "out_slots: not 4-byte aligned");
+    MLA_CHECK(aligned_to(p->error_flag, 4), "error_flag: not 4-byte aligned");
     const dim3 grid((p->topk + 255) / 256, p->num_tokens);
-    gather_kernel<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(
-        p->positions, one ? 0 : static_cast<int32_t>(p->positions_stride), p->topk, p->req_id, p->block_table,
-        p->batch == 1 ? 0 : static_cast<int32_t>(p->block_table_stride), p->max_blocks_per_seq, p->seq_lens, p->batch,
-        p->block_size, p->num_blocks, p->out_slots, one ? 0 : static_cast<int32_t>(p->out_stride), p->error_flag);
-    MLA_CUDA_TRY(cudaGetLastError());
+    MLA_CUDA_TRY_AS(launch_ex(gather_kernel, grid, dim3(256), 0, static_cast<cudaStream_t>(stream), p->positions,
+                              one ? 0 : static_cast<int32_t>(p->positions_stride), p->topk, p->req_id, p->block_table,
+                              p->batch == 1 ? 0 : static_cast<int32_t>(p->block_table_stride), p->max_blocks_per_seq,
+                              p->seq_lens, p->batch, p->block_size, p->num_blocks, p->out_slots,
+                              one ? 0 : static_cast<int32_t>(p->out_stride), p->error_flag),
+                    "the gather launch");
     return MLA_STATUS_OK;
 }

@@ -7,23 +7,35 @@
  *
  * Conventions:
  *   - Every pointer is a raw device pointer, every stream a raw cudaStream_t/CUstream
- *     (NULL = legacy default stream). Calls run on the given stream in the context
- *     current on the calling thread; nothing is global.
+ *     (NULL = the legacy default stream: code built with per-thread default streams
+ *     passes cudaStreamPerThread). Calls run on the given stream in the context current on
+ *     the calling thread; a decode call's stream must belong to its schedule's device
+ *     (MLA_STATUS_WRONG_DEVICE otherwise). Nothing is global but each kernel's
+ *     shared-memory limit, raised once per device and process.
  *   - Strides are in ELEMENTS of the tensor they step through, as int64, unless the name
  *     ends in _bytes. The last dimension of every tensor is contiguous. The stride of a
  *     dimension of size 1 is never used, so it is never checked (torch gives such strides
- *     arbitrary values).
+ *     arbitrary values). The others are checked: never negative; a view the call reads
+ *     (q_nope, q_rope) steps each dimension by 0 (every index reads the same row) or by at
+ *     least its row's width (576 packed, 512 q_nope, 64 q_rope), so that a 512-wide q_nope
+ *     passed without its q_rope is rejected, not read as packed rows; the rows of out and
+ *     of lse do not overlap.
  *   - Alignment: q_nope, q_rope, out, kv_cache, workspace and the append's sources (kv,
  *     kv_rope) must be 16-byte aligned, and so must every q/out token and head stride and
  *     the append's kv_token_stride and kv_rope_token_stride times the element size (rows are moved 16 bytes at a time);
- *     block_stride_bytes is a multiple of 16. lse needs only a float's 4-byte alignment.
+ *     block_stride_bytes is a multiple of 16. lse, error_flag and the int32 arrays (block
+ *     tables, seq_lens, indices, topk_len, the gather's arrays) need 4-byte alignment, the
+ *     append's int64 slot_mapping 8-byte. Every alignment is checked (INVALID_ARGUMENT).
  *   - No call allocates device memory or synchronizes the host: every call can be captured
  *     in a CUDA graph. Buffers the kernels write (out, lse, workspace, error_flag) need no
  *     initialisation, except that a caller resets the error flag when it wants to know
  *     about new faults (the kernels never clear it). What a call writes must not overlap
- *     what it reads or anything else it writes (out, lse, workspace, error_flag; distinct
- *     (token, head) rows of out and lse): the host does not check overlap (the safe Rust
- *     layer's borrows rule it out).
+ *     what it reads or anything else it writes (out, lse, workspace, error_flag): the host
+ *     checks the rows within out and within lse (above), not one buffer against another
+ *     (the safe Rust layer's borrows rule that out).
+ *   - A decode call enqueues up to two kernels (decode, then the combine that merges split
+ *     requests); if the second launch fails (MLA_STATUS_CUDA_ERROR) the first has run, and
+ *     out may be partly written.
  *   - Every function returns an mla_status_t (a closed set of values). After a call that
  *     did not return MLA_STATUS_OK, mla_last_error() (per thread) says which argument or
  *     field was wrong and why, and mla_last_cuda_error() gives the cudaError_t behind
@@ -155,7 +167,7 @@ typedef enum {
 #define MLA_PDL_DEFAULT 5              /* MLA_PDL_ATTRIBUTE | MLA_PDL_TRIGGER_AT_LAST_TILE */
 #define MLA_PDL_OFF (-1)               /* mla_tuning_t::pdl only: no PDL */
 
-/* How a decode call cuts its 32-row tiles into split-KV parts (docs/DESIGN.md §5.3).
+/* How a decode call cuts its 32-row tiles into split-KV parts (docs/DESIGN.md section 5.3).
  * FLAT: every part the same number of tiles, laid over all requests end to end (a part may
  * end inside one request and go on into the next). WITHIN_REQUESTS: no part spans two
  * requests, each request cut into near-equal parts, when that needs no part longer than the
@@ -165,7 +177,7 @@ typedef enum {
 #define MLA_SPLIT_FLAT 1
 #define MLA_SPLIT_WITHIN_REQUESTS 2
 
-/* Which decode kernel a schedule runs (docs/DESIGN.md §5.5). TILES: the split-KV tile kernels
+/* Which decode kernel a schedule runs (docs/DESIGN.md section 5.5). TILES: the split-KV tile kernels
  * (32 cache rows per tile through tensor-core MMAs, pieces merged by the combine kernel).
  * ROWS: the row kernel, a CTA per query row whose warps walk the request's cache rows on the
  * CUDA cores, no split and no combine: the default for one-part steps (batch *
@@ -177,8 +189,8 @@ typedef enum {
 
 /* How the tile kernel of 16-bit caches at 8 query rows per 4-warp CTA (at most 8 query rows,
  * heads x q_len, per request: the common memory-bound step) runs its products
- * (docs/PERFORMANCE.md log #116). DIRECT: S = Q Kᵀ and O += P V with the query's 8 rows as a
- * 16-row MMA operand, rows 8-15 zero. TRANSPOSED: Sᵀ = K Qᵀ and Oᵀ += Vᵀ Pᵀ with the 8 rows as
+ * (docs/PERFORMANCE.md log #116). DIRECT: S = Q K^T and O += P V with the query's 8 rows as a
+ * 16-row MMA operand, rows 8-15 zero. TRANSPOSED: S^T = K Q^T and O^T += V^T P^T with the 8 rows as
  * the MMAs' N: half the MMAs, fewer registers; faster where one CTA has an SM to itself (sm_120
  * always; 4-8 % on the H200's sm120-occupancy rows) and on sparse steps, up to 4 % slower on dense
  * steps where two CTAs share an SM (logs #116, #118).
@@ -213,8 +225,8 @@ typedef struct {
     int32_t combine_slices;  /* 1, 4 or 16 combine CTAs per merged row's 512 dims. Default 16
                                 when 16 per split row still give at most one per SM (b=1, t=1
                                 at 8 rows); 2 or 1 on large batches of short requests
-                                (docs/DESIGN.md §5.4); else 4 */
-    int32_t min_chunk;       /* >= 1: the fewest 32-row tiles a split-KV part streams. Default 1
+                                (docs/DESIGN.md section 5.4); else 4 */
+    int32_t min_chunk;       /* 1..=2^20: the fewest 32-row tiles a split-KV part streams. Default 1
                                 when the step has at most SMs tiles (fp8 caches) or SMs / 2 tiles
                                 (16-bit caches), else 2 */
     int32_t split;           /* how the tiles are cut into parts: MLA_SPLIT_FLAT or

@@ -179,9 +179,8 @@ impl Tuning {
         )?;
         bad(
             "tuning.min_chunk",
-            self.min_chunk
-                .is_none_or(|c| c >= 1 && c <= i32::MAX as u32),
-            "expected at least 1 tile",
+            self.min_chunk.is_none_or(|c| (1..=1 << 20).contains(&c)),
+            "expected 1..=1048576 tiles",
         )?;
         bad(
             "tuning.split",

@@ -537,6 +537,21 @@ fn rows(r: &Rows, need: Need, tokens: usize, heads: usize, device: usize) -> Res
         }
         None => return Err(err(format!("{what} overflows"))),
     }
+    if !output {
+        // A read view steps each used dimension by 0 (every index reads the same row) or by at
+        // least the row's width: a shorter step would read the next row's elements as this
+        // row's (a 512-wide q_nope passed as packed 576-wide rows). As in C.
+        for (name, s, n) in [
+            ("token", r.token_stride, tokens),
+            ("head", r.head_stride, heads),
+        ] {
+            if n > 1 && s != 0 && s < width {
+                return Err(err(format!(
+                    "{what}: the {name} stride is shorter than a row of {width}"
+                )));
+            }
+        }
+    }
     if output {
         // Sufficient for no overlap: sorted by stride, each dimension steps past all the
         // inner ones.
@@ -1819,6 +1834,38 @@ mod tests {
         // Two heads use the head stride: too large for an i64 in bytes.
         rejects(&["q"], super::rows(&r, need, 1, 2, 0), "q", "two heads");
         rejects(&["q"], super::rows(&r, need, 2, 1, 0), "q", "two tokens");
+    }
+
+    #[test]
+    fn read_rows_step_by_zero_or_a_whole_row() {
+        let r = |token_stride, head_stride| Rows {
+            buf: buf(1, 1 << 20),
+            token_stride,
+            head_stride,
+            num_heads: None,
+        };
+        let need = Need::input("q", HEAD_DIM, 2);
+        assert_eq!(
+            super::rows(&r(2 * HEAD_DIM, HEAD_DIM), need, 2, 2, 0),
+            Ok(())
+        );
+        // a broadcast (stride 0) reads one row for every index
+        assert_eq!(super::rows(&r(0, HEAD_DIM), need, 2, 2, 0), Ok(()));
+        // a 512-wide tensor passed as packed rows
+        rejects(
+            &["q"],
+            super::rows(&r(2 * LATENT_DIM, LATENT_DIM), need, 2, 2, 0),
+            "q",
+            "512 heads",
+        );
+        rejects(
+            &["q"],
+            super::rows(&r(LATENT_DIM, 2 * HEAD_DIM), need, 2, 1, 0),
+            "q",
+            "512 tokens",
+        );
+        // an unused dimension's stride is never looked at
+        assert_eq!(super::rows(&r(8, HEAD_DIM), need, 1, 2, 0), Ok(()));
     }
 
     #[test]

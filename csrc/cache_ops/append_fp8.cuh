@@ -20,6 +20,7 @@
 #include "common/fault.cuh"
 #include "common/ptx.cuh"
 #include "common/fp8.cuh"
+#include "common/status.cuh"
 
 namespace mla {
 
@@ -137,8 +138,7 @@ __global__ void __launch_bounds__(kAppendWarps * 32) append_fp8_kernel(const App
 template <typename T, Fp8CacheFormat kFormat, Fp8ScaleRule kRule>
 cudaError_t launch_typed(const AppendFp8Args& a, cudaStream_t stream) {
     const unsigned grid = static_cast<unsigned>((static_cast<int64_t>(a.num_tokens) + kAppendWarps - 1) / kAppendWarps);
-    append_fp8_kernel<T, kFormat, kRule><<<grid, kAppendWarps * 32, 0, stream>>>(a);
-    return cudaGetLastError();
+    return launch_ex(append_fp8_kernel<T, kFormat, kRule>, dim3(grid), dim3(kAppendWarps * 32), 0, stream, a);
 }
 
 template <typename T>

@@ -2,6 +2,8 @@
 // decode_kernel then combine_kernel on the caller's stream. This is the translation unit
 // that instantiates and launches the decode kernels, so kernel attributes and occupancy
 // are asked for here too (decode/launch.cuh, for the schedule).
+#include <atomic>
+
 #include "common/status.cuh"
 #include "decode/combine.cuh"
 #include "decode/config.cuh"
@@ -15,6 +17,9 @@ using namespace mla;
 
 namespace {
 
+// Devices (bit per ordinal) whose decode kernels have had their shared-memory limit raised in
+// this process (launch below).
+std::atomic<uint64_t> g_smem_allowed{0};
 
 // Launch with programmatic dependent launch when the schedule allows it (sm_90+): the
 // kernel may start while the previous one drains and waits in grid_dependency_wait().
@@ -40,7 +45,8 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& args, cudaS
     const mla_schedule_internal_t& in = s->internal;
     if (in.path == MLA_PATH_ROWS) {  // a CTA per (query row, request); nothing to merge
         const dim3 rgrid(a.m_rows, s->batch);
-        MLA_CUDA_TRY(launch_pdl(rows_kernel<Fmt, kSparse>, rgrid, kRowsWarps * 32, 0, st, in.pdl, a));
+        MLA_CUDA_TRY_AS(launch_pdl(rows_kernel<Fmt, kSparse>, rgrid, kRowsWarps * 32, 0, st, in.pdl, a),
+                        "the row kernel's launch");
         return MLA_STATUS_OK;
     }
     const dim3 grid(s->num_m_tiles, s->num_parts);
@@ -58,7 +64,7 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& args, cudaS
                     : !combine_deals(a)     ? combine_kernel<T, kSparse, 4, 4>
                     : by_warps              ? combine_dealing_kernel<T, kSparse, 4, true>
                                             : combine_dealing_kernel<T, kSparse, 4, false>;
-    MLA_CUDA_TRY(with_config(in.warps, in.block_m, in.form, [&](auto c) -> cudaError_t {
+    MLA_CUDA_TRY_AS(with_config(in.warps, in.block_m, in.form, [&](auto c) -> cudaError_t {
         using C = decltype(c);
         if constexpr (!kConfigFor<Fmt, C>) {
             return cudaErrorInvalidConfiguration;  // (launch checks the form against the format)
@@ -87,7 +93,7 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& args, cudaS
             }
             return launch_pdl(decode_kernel<Fmt, kSparse, C>, grid, C::kThreads, s->smem_bytes, st, in.pdl, a);
         }
-    }));
+    }), "the decode launch");
     // One part, or a split that the host knows lays every request inside one part
     // (nothing_to_merge): no request is split, nothing to merge.
     if (s->num_parts > 1 && !nothing_to_merge(a)) {
@@ -96,7 +102,7 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& args, cudaS
             combine = combine_kernel<T, kSparse, 1, 8, true>;
             cgrid.x = loop_ctas;
         }
-        MLA_CUDA_TRY((launch_pdl(combine, cgrid, kCombineWarps * 32, 0, st, in.pdl, a)));
+        MLA_CUDA_TRY_AS(launch_pdl(combine, cgrid, kCombineWarps * 32, 0, st, in.pdl, a), "the combine launch");
     }
     return MLA_STATUS_OK;
 }
@@ -109,6 +115,20 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
     if (dev != s->device)
         return fail(MLA_STATUS_WRONG_DEVICE, "s: the schedule was made for device %d, the current device is %d",
                     s->device, dev);
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    int stream_dev = -1;
+    MLA_CUDA_TRY(cudaStreamGetDevice(st, &stream_dev));
+    if (stream_dev != dev)
+        return fail(MLA_STATUS_WRONG_DEVICE, "stream: belongs to device %d, the schedule and the current device are %d",
+                    stream_dev, dev);
+    // The kernels' shared-memory limit raised once per device and process (mla_schedule_init
+    // does it too; a schedule may come from elsewhere: it is plain data)
+    if (dev >= 0 && dev < 64 && !(g_smem_allowed.load(std::memory_order_acquire) & (1ull << dev))) {
+        int optin = 0;
+        MLA_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+        MLA_CUDA_TRY(decode_allow_smem(optin));
+        g_smem_allowed.fetch_or(1ull << dev, std::memory_order_acq_rel);
+    }
     // A schedule edited by hand must still match the configuration it launches.
     const mla_schedule_internal_t& in = s->internal;
     MLA_CHECK(in.combine_slices == 1 || in.combine_slices == 4 || in.combine_slices == 16 ||
@@ -131,7 +151,6 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
     MLA_CHECK(s->smem_bytes >= need_smem && s->num_m_tiles == (a.m_rows + in.block_m - 1) / in.block_m &&
                   s->num_parts >= 1,
               "s: smem_bytes, num_m_tiles or num_parts do not match the configuration (edited by hand?)");
-    cudaStream_t st = static_cast<cudaStream_t>(stream);
     // The one list of (query dtype, cache format) -> row format policy (decode/format.cuh,
     // decode/format_fp8.cuh); common_args accepted only these pairs.
     if (dtype == MLA_DTYPE_BF16) {
@@ -142,6 +161,37 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
     if (fmt == MLA_KV_FP8_DS_MLA) return launch_typed<RowFp8DsMla<__half>, kSparse>(s, a, st);
     if (fmt == MLA_KV_FP8) return launch_typed<RowFp8Tensor<__half>, kSparse>(s, a, st);
     return launch_typed<RowF16<__half>, kSparse>(s, a, st);
+}
+
+// What is wrong with the strides (elements) of a [tokens, heads, width] view, or NULL. Only
+// the dimensions of size > 1 count (their strides are the only ones used). Strides are
+// non-negative. The rows of a view the call writes do not overlap (sufficient: sorted by stride,
+// each dimension steps past all the inner ones); a view it reads steps each used dimension by
+// 0 (every index reads the same row) or by at least the row's width: a shorter step reads the
+// next row's elements as this row's (a 512-wide q_nope passed as packed 576-wide rows).
+const char* layout_error(int64_t token_stride, int64_t tokens, int64_t head_stride, int64_t heads, int64_t width,
+                         bool written) {
+    struct Dim {
+        int64_t stride, n;
+    } d[2] = {{token_stride, tokens}, {head_stride, heads}};
+    for (const Dim& x : d) {
+        if (x.n <= 1) continue;
+        if (x.stride < 0) return "a negative stride";
+        if (!written && x.stride != 0 && x.stride < width) return "a stride shorter than the row";
+    }
+    if (!written) return nullptr;
+    if (d[1].stride < d[0].stride) {
+        const Dim t = d[0];
+        d[0] = d[1];
+        d[1] = t;
+    }
+    __int128 inner = width;
+    for (const Dim& x : d) {
+        if (x.n <= 1) continue;
+        if (x.stride < inner) return "rows that overlap";
+        inner += static_cast<__int128>(x.stride) * (x.n - 1);
+    }
+    return nullptr;
 }
 
 // Checks and fills the fields mla_dense_params_t and mla_sparse_params_t share (same names
@@ -207,6 +257,32 @@ mla_status_t common_args(const mla_schedule_t* s, const P* p, int64_t tokens, De
               static_cast<long long>(p->out_token_stride));
     MLA_CHECK(ok(p->out_head_stride, one_head), "out_head_stride: %lld elements is not 16-byte aligned",
               static_cast<long long>(p->out_head_stride));
+    // Row layouts: no negative strides, no row read across the next, no two written rows overlapping.
+    const int64_t heads = s->num_heads;
+    const int64_t qn_width = packed ? kHeadDim : kLatentDim;
+    const char* why = layout_error(p->q_nope_token_stride, tokens, p->q_nope_head_stride, heads, qn_width, false);
+    MLA_CHECK(why == nullptr,
+              "q_nope_token_stride, q_nope_head_stride: (%lld, %lld) give %s for [%lld, %lld, %lld] rows%s",
+              static_cast<long long>(p->q_nope_token_stride), static_cast<long long>(p->q_nope_head_stride), why,
+              static_cast<long long>(tokens), static_cast<long long>(heads), static_cast<long long>(qn_width),
+              packed ? " (q_rope = NULL: packed 576-wide rows; a 512-wide q_nope needs its q_rope)" : "");
+    if (!packed) {
+        why = layout_error(qr_ts, tokens, qr_hs, heads, MLA_ROPE_DIM, false);
+        MLA_CHECK(why == nullptr, "q_rope_token_stride, q_rope_head_stride: (%lld, %lld) give %s for [%lld, %lld, 64] rows",
+                  static_cast<long long>(qr_ts), static_cast<long long>(qr_hs), why, static_cast<long long>(tokens),
+                  static_cast<long long>(heads));
+    }
+    why = layout_error(p->out_token_stride, tokens, p->out_head_stride, heads, kLatentDim, true);
+    MLA_CHECK(why == nullptr, "out_token_stride, out_head_stride: (%lld, %lld) give %s for [%lld, %lld, 512] rows",
+              static_cast<long long>(p->out_token_stride), static_cast<long long>(p->out_head_stride), why,
+              static_cast<long long>(tokens), static_cast<long long>(heads));
+    if (p->lse != nullptr) {
+        why = layout_error(p->lse_token_stride, tokens, p->lse_head_stride, heads, 1, true);
+        MLA_CHECK(why == nullptr, "lse_token_stride, lse_head_stride: (%lld, %lld) give %s for [%lld, %lld] values",
+                  static_cast<long long>(p->lse_token_stride), static_cast<long long>(p->lse_head_stride), why,
+                  static_cast<long long>(tokens), static_cast<long long>(heads));
+    }
+    MLA_CHECK(aligned_to(p->error_flag, 4), "error_flag: not 4-byte aligned");
     MLA_CHECK(p->softmax_scale > 0.f && isfinite(p->softmax_scale), "softmax_scale: %g, must be finite and > 0",
               static_cast<double>(p->softmax_scale));
     a = DecodeArgs{};
@@ -343,6 +419,8 @@ extern "C" mla_status_t mla_dense_decode(const mla_schedule_t* s, const mla_dens
     MLA_CHECK(p->batch == 1 || p->block_table_stride <= 0x7fffffffLL, "block_table_stride: %lld exceeds INT32_MAX",
               static_cast<long long>(p->block_table_stride));
     MLA_CHECK(p->seq_lens != nullptr, "seq_lens: NULL");
+    MLA_CHECK(aligned_to(p->block_table, 4), "block_table: not 4-byte aligned");
+    MLA_CHECK(aligned_to(p->seq_lens, 4), "seq_lens: not 4-byte aligned");
     MLA_TRY(set_max_len(s, static_cast<int64_t>(p->max_blocks_per_seq) * p->block_size, "max_blocks_per_seq * block_size",
                         a));
     a.lens = p->seq_lens;
@@ -364,6 +442,8 @@ extern "C" mla_status_t mla_sparse_decode(const mla_schedule_t* s, const mla_spa
     DecodeArgs a;
     MLA_TRY(common_args(s, p, p->num_tokens, a));
     MLA_CHECK(p->indices != nullptr, "indices: NULL");
+    MLA_CHECK(aligned_to(p->indices, 4), "indices: not 4-byte aligned");
+    MLA_CHECK(aligned_to(p->topk_len, 4), "topk_len: not 4-byte aligned");
     MLA_CHECK(p->topk >= 1 && p->topk <= MLA_MAX_TOPK, "topk: %d, must be in 1..=%d", p->topk, MLA_MAX_TOPK);
     MLA_CHECK(p->num_tokens == 1 || p->indices_stride >= p->topk, "indices_stride: %lld, must be >= topk (%d)",
               static_cast<long long>(p->indices_stride), p->topk);

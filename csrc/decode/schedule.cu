@@ -76,7 +76,8 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     MLA_CHECK(tune.combine_slices == 0 || tune.combine_slices == 1 || tune.combine_slices == 4 ||
                   tune.combine_slices == 16,
               "tuning.combine_slices: %d, must be 0, 1, 4 or 16", tune.combine_slices);
-    MLA_CHECK(tune.min_chunk >= 0, "tuning.min_chunk: %d, must be >= 0", tune.min_chunk);
+    MLA_CHECK(tune.min_chunk >= 0 && tune.min_chunk <= (1 << 20), "tuning.min_chunk: %d, must be in 0..=%d",
+              tune.min_chunk, 1 << 20);
     MLA_CHECK(tune.split == 0 || tune.split == MLA_SPLIT_FLAT || tune.split == MLA_SPLIT_WITHIN_REQUESTS,
               "tuning.split: %d, must be 0, MLA_SPLIT_FLAT (%d) or MLA_SPLIT_WITHIN_REQUESTS (%d)", tune.split,
               MLA_SPLIT_FLAT, MLA_SPLIT_WITHIN_REQUESTS);

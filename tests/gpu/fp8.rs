@@ -254,7 +254,7 @@ fn fp8_random(name: &str, sparse: bool) {
     let (_ctx, stream) = gpu();
     let mut rng = rng_for(name);
     let mut i = 0;
-    for kind in FP8_KINDS {
+    for kind in (0..rounds()).flat_map(|_| FP8_KINDS) {
         for dtype in [DType::Bf16, DType::F16] {
             for heads in HEADS {
                 let options = config_options(i, i % 3 == usize::from(sparse));

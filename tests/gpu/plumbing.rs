@@ -652,6 +652,155 @@ fn raw_append_split_checks() {
     }
 }
 
+/// The C decode's checks of the row layouts and the integer arguments' alignment, called raw
+/// (the safe layer rejects these first): a 512-wide q_nope passed as packed rows, negative
+/// strides, overlapping out or lse rows, misaligned int32 arrays and error flag. Each names its
+/// field, and nothing is launched.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn raw_decode_layout_checks() {
+    use mla_decode::ffi::mla_kind_t::*;
+    let stream = stream();
+    stream.context().bind_to_thread().unwrap();
+    let (batch, heads) = (2, 8);
+    let shape = |kind| ffi::mla_shape_t {
+        batch,
+        q_len: 1,
+        num_heads: heads,
+        max_len: 256,
+        kv_format: ffi::mla_kv_format_t::MLA_KV_BF16,
+        kind,
+    };
+    let init = |kind| {
+        let mut s = ffi::mla_schedule_t::default();
+        // SAFETY: valid pointers to local structs; tuning may be NULL.
+        let st = unsafe { ffi::mla_schedule_init(&mut s, &shape(kind), std::ptr::null()) };
+        assert_eq!(status_to_result("mla_schedule_init", st.0), Ok(()));
+        s
+    };
+    let (dense_s, sparse_s) = (init(MLA_KIND_DENSE), init(MLA_KIND_SPARSE));
+    let h = heads as i64;
+    // fake, aligned device addresses: every case fails a host check before any launch
+    let dense = ffi::mla_dense_params_t {
+        batch,
+        q_len: 1,
+        num_heads: heads,
+        q_nope: 0x1000_0000 as *const _,
+        q_rope: std::ptr::null(),
+        q_nope_token_stride: h * HEAD_DIM as i64,
+        q_nope_head_stride: HEAD_DIM as i64,
+        dtype: ffi::mla_dtype_t::MLA_DTYPE_BF16,
+        kv_cache: 0x2000_0000 as *const _,
+        kv_format: ffi::mla_kv_format_t::MLA_KV_BF16,
+        block_stride_bytes: 64 * 1152,
+        num_blocks: 8,
+        block_size: 64,
+        block_table: 0x3000_0000 as *const i32,
+        max_blocks_per_seq: 4,
+        block_table_stride: 4,
+        seq_lens: 0x4000_0000 as *const i32,
+        out: 0x5000_0000 as *mut _,
+        out_token_stride: h * LATENT_DIM as i64,
+        out_head_stride: LATENT_DIM as i64,
+        lse: 0x6000_0000 as *mut f32,
+        lse_token_stride: h,
+        lse_head_stride: 1,
+        softmax_scale: 0.0625,
+        workspace: 0x7000_0000 as *mut f32,
+        ..Default::default()
+    };
+    type Case = (&'static str, fn(&mut ffi::mla_dense_params_t));
+    let cases: [Case; 12] = [
+        // q_nope of [tokens, heads, 512] without its q_rope: read as packed 576-wide rows before
+        ("q_nope_head_stride", |p| {
+            p.q_nope_head_stride = LATENT_DIM as i64;
+            p.q_nope_token_stride = 8 * LATENT_DIM as i64;
+        }),
+        ("shorter than the row", |p| p.q_nope_token_stride = 512),
+        ("negative", |p| p.q_nope_head_stride = -(HEAD_DIM as i64)),
+        ("q_rope_head_stride", |p| {
+            p.q_rope = 0x1800_0000 as *const _;
+            p.q_nope_head_stride = LATENT_DIM as i64;
+            p.q_nope_token_stride = 8 * LATENT_DIM as i64;
+            p.q_rope_head_stride = 32;
+            p.q_rope_token_stride = 8 * 64;
+        }),
+        ("out_head_stride", |p| p.out_head_stride = 256),
+        ("overlap", |p| p.out_token_stride = LATENT_DIM as i64),
+        ("out_token_stride", |p| {
+            p.out_token_stride = -8 * LATENT_DIM as i64
+        }),
+        ("lse_token_stride", |p| p.lse_token_stride = 4),
+        ("lse: not 4-byte aligned", |p| {
+            p.lse = 0x6000_0002 as *mut f32
+        }),
+        ("seq_lens: not 4-byte aligned", |p| {
+            p.seq_lens = 0x4000_0002 as *const i32
+        }),
+        ("block_table: not 4-byte aligned", |p| {
+            p.block_table = 0x3000_0001 as *const i32
+        }),
+        ("error_flag: not 4-byte aligned", |p| {
+            p.error_flag = 0x8000_0002 as *mut u32
+        }),
+    ];
+    for (want, f) in cases {
+        let mut p = dense;
+        f(&mut p);
+        // SAFETY: valid pointers to local structs; the call rejects the parameters on the host.
+        let st = unsafe { ffi::mla_dense_decode(&dense_s, &p, stream.cu_stream() as *mut _) };
+        let err = status_to_result("mla_dense_decode", st.0);
+        assert!(
+            matches!(&err, Err(Error::Rejected { reason, .. }) if reason.contains(want)),
+            "{want}: {err:?}"
+        );
+    }
+    // the sparse call shares these checks; its own int32 arrays
+    let sparse = ffi::mla_sparse_params_t {
+        num_tokens: batch,
+        num_heads: heads,
+        q_nope: dense.q_nope,
+        q_nope_token_stride: dense.q_nope_token_stride,
+        q_nope_head_stride: dense.q_nope_head_stride,
+        dtype: dense.dtype,
+        kv_cache: dense.kv_cache,
+        kv_format: dense.kv_format,
+        block_stride_bytes: dense.block_stride_bytes,
+        num_blocks: dense.num_blocks,
+        block_size: dense.block_size,
+        indices: 0x3000_0000 as *const i32,
+        topk: 256,
+        indices_stride: 256,
+        out: dense.out,
+        out_token_stride: dense.out_token_stride,
+        out_head_stride: dense.out_head_stride,
+        softmax_scale: dense.softmax_scale,
+        workspace: dense.workspace,
+        ..Default::default()
+    };
+    type SCase = (&'static str, fn(&mut ffi::mla_sparse_params_t));
+    let cases: [SCase; 3] = [
+        ("indices: not 4-byte aligned", |p| {
+            p.indices = 0x3000_0002 as *const i32
+        }),
+        ("topk_len: not 4-byte aligned", |p| {
+            p.topk_len = 0x3800_0001 as *const i32
+        }),
+        ("shorter than the row", |p| p.q_nope_head_stride = 8),
+    ];
+    for (want, f) in cases {
+        let mut p = sparse;
+        f(&mut p);
+        // SAFETY: as above.
+        let st = unsafe { ffi::mla_sparse_decode(&sparse_s, &p, stream.cu_stream() as *mut _) };
+        let err = status_to_result("mla_sparse_decode", st.0);
+        assert!(
+            matches!(&err, Err(Error::Rejected { reason, .. }) if reason.contains(want)),
+            "{want}: {err:?}"
+        );
+    }
+}
+
 /// The plan of a sparse step (`count` tokens, top-`len`) or a dense one (`count` requests of q_len
 /// 1 and `len` positions in blocks of 64), `heads` heads.
 fn default_shape_plan(

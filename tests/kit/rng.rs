@@ -178,6 +178,17 @@ pub fn rng_for(test: &str) -> Rng {
     Rng::new(seed(test))
 }
 
+/// Rounds of the GPU tests that walk a fixed grid of random problems (the fp8 random tests):
+/// `MLA_GPU_ROUNDS`, default 1. A deeper run (`MLA_GPU_ROUNDS=4 MLA_GPU_CASES=64`) draws that
+/// many fresh problems per grid point.
+pub fn rounds() -> usize {
+    std::env::var("MLA_GPU_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n >= 1)
+        .unwrap_or(1)
+}
+
 /// Runs `test` on `cases` random values of `strategy` (fresh each run; `MLA_GPU_CASES`
 /// overrides the count). A failing case is shrunk a little and reported with its value (which
 /// holds the seed of its data).
