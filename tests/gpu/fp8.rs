@@ -15,8 +15,10 @@ use mla_decode::half::{bf16, f16};
 use mla_decode::reference::{fault_code, fp8, Fault};
 use mla_decode::*;
 
+use crate::dense::nan_past_lens_fp8;
 use crate::kit::*;
 use crate::plumbing::{cache_rows, stream};
+use crate::sparse::maybe_nan_past_topk_len;
 
 /// The expected bytes of one row written into `format` from `row` (the values exactly as
 /// uploaded).
@@ -58,17 +60,21 @@ fn check_append_fp8<T: Half>(
     let mut flag = ErrorFlag::new(stream).unwrap();
 
     // Rows whose 128-value tiles span many magnitudes (scales from 2^-20 to 2^12), with a
-    // few NaNs, zeros and values at tile maxima.
+    // few NaNs, zeros, infinities (an fp8_ds_mla tile's scale is then +inf, as in vLLM) and
+    // values at tile maxima; one tile in 16 all zeros (amax 0: the rules' floors).
     let n = rng.range(1, slots_total.min(300));
     let stride = HEAD_DIM + 8 * rng.below(3);
     let mut kv = vec![T::nan(); (n - 1) * stride + HEAD_DIM];
     for i in 0..n {
         for tile in 0..HEAD_DIM.div_ceil(128) {
             let mag = 2f64.powi(rng.range(0, 32) as i32 - 20);
+            let zeros = rng.below(16) == 0;
             for j in tile * 128..((tile + 1) * 128).min(HEAD_DIM) {
-                let v = match rng.below(200) {
-                    0 => f64::NAN,
-                    1 => 0.0,
+                let v = match if zeros { 2 } else { rng.below(400) } {
+                    0 | 1 => f64::NAN,
+                    2 | 3 => 0.0,
+                    4 => f64::INFINITY,
+                    5 => f64::NEG_INFINITY,
                     _ => rng.unit() * mag,
                 };
                 kv[i * stride + j] = T::from_f64(v);
@@ -260,13 +266,29 @@ fn fp8_random(name: &str, sparse: bool) {
                 let options = config_options(i, i % 3 == usize::from(sparse));
                 i += 1;
                 let label = format!("{name} {kind:?} heads {heads} (case {i})");
+                // one run in two, the rows no request reads (dense) or that only entries past
+                // topk_len name (sparse) are all 0xff bytes: e4m3 NaN, NaN scales and RoPE
                 with_dtype!(dtype, T => {
                     if sparse {
-                        let p = random_sparse_fp8::<T>(&mut rng, heads, kind, false, 1.0);
+                        let mut s = random_sparse_case::<T>(&mut rng, heads, false);
+                        let half = maybe_nan_past_topk_len(&mut rng, &mut s);
+                        let slots = s.cache.num_slots();
+                        let mut p = Fp8::sparse(&mut rng, s, kind, 1.0);
+                        let l = p.fp8.layout;
+                        let rb = l.format.row_bytes();
+                        for slot in half..slots {
+                            let at = (slot / l.block_size) * l.block_stride_bytes + (slot % l.block_size) * rb;
+                            p.fp8.bytes[at..at + rb].fill(0xff);
+                        }
+                        let label = format!("{label} nan {}", half < slots);
                         check_problem(&label, &mut rng, &stream, &p, options);
                     } else {
-                        let p = random_dense_fp8::<T>(&mut rng, heads, kind, false, 1.0);
-                        check_problem(&label, &mut rng, &stream, &p, options);
+                        let mut p = random_dense_fp8::<T>(&mut rng, heads, kind, false, 1.0);
+                        let nan = rng.chance(0.5);
+                        if nan {
+                            nan_past_lens_fp8(&mut p);
+                        }
+                        check_problem(&format!("{label} nan {nan}"), &mut rng, &stream, &p, options);
                     }
                 });
             }

@@ -197,3 +197,92 @@ fn sparse_capture_graph_replay() {
         check_outputs(&label, &got, &want, &heads_all);
     }
 }
+
+/// A per-tensor fp8 sparse step captured once, then replayed with its fp32 scale rewritten in
+/// the captured device buffer (the reason the scale is a device pointer: engines update it
+/// without re-capturing), new index rows, topk_len values and queries: every replay matches the
+/// reference of the rescaled cache, and a replay with nothing rewritten repeats the previous
+/// one bit for bit.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fp8_graph_replay_new_scale() {
+    let (_ctx, stream) = gpu_for_graphs();
+    let mut rng = rng_for("fp8_graph_replay_new_scale");
+    let (tokens, heads, topk) = (20, 16, 700);
+    let style = RowStyle {
+        hole: 0.1,
+        bad: 0.0,
+    };
+    let s = random_sparse::<bf16>(&mut rng, tokens, heads, topk, 40, 64, style, true);
+    let mut p = Fp8::sparse(&mut rng, s, FP8_KINDS[2], 1.0);
+    assert_eq!(p.fp8.layout.format, KvFormat::Fp8PerTensor);
+    let heads_all = all_heads(heads);
+    let mut q = HostQuery::<bf16>::random(&mut rng, QKind::Contiguous, tokens, heads);
+    let mut dev = p.upload(&stream);
+    let mut qd = q.upload(&stream);
+    let mut out = DevOut::random(&mut rng, &stream, tokens, heads);
+    let mut lse = DevLse::random(&mut rng, &stream, tokens, heads);
+    let mut flag = ErrorFlag::new(&stream).unwrap();
+    let mut plan = p.plan(&stream, PlanOptions::default());
+    let graph = {
+        let mut step = || -> Result<()> {
+            flag.reset(&stream)?;
+            p.decode(
+                &stream,
+                &dev,
+                &mut plan,
+                &qd,
+                &mut out,
+                Some(&mut lse),
+                Some(&mut flag),
+            )
+        };
+        step().unwrap(); // warm-up: every kernel launched once outside the capture
+                         // SAFETY: every buffer of the step outlives the graph.
+        unsafe { capture_graph(&stream, step) }.unwrap()
+    };
+    let slots = p.inner.cache.num_slots();
+    let mut previous: Option<(Vec<u16>, Vec<u32>)> = None;
+    // (the scale's factor: powers of two, so that the dequantized rows scale exactly; 1 with
+    // nothing else rewritten: a bitwise repeat)
+    for (round, factor) in [4.0f32, 0.125, 1.0, 32.0].into_iter().enumerate() {
+        let repeat = factor == 1.0;
+        if !repeat {
+            p.fp8.tensor_scale *= factor;
+            let values = p.inner.cache.values.as_mut().expect("dequantized rows");
+            values.iter_mut().for_each(|v| *v *= factor as f64);
+            stream
+                .memcpy_htod(&[p.fp8.tensor_scale], &mut dev.cache.scale)
+                .unwrap();
+            let rows: Vec<Vec<i32>> = (0..tokens)
+                .map(|_| index_row(&mut rng, slots, topk, style))
+                .collect();
+            p.inner.indices = pack_rows(&mut rng, &rows, p.inner.stride, slots);
+            p.inner.topk_len = Some(
+                (0..tokens)
+                    .map(|_| topk_len_value(&mut rng, topk))
+                    .collect(),
+            );
+            stream.memcpy_htod(&p.inner.indices, &mut dev.table).unwrap();
+            let topk_len = dev.lens.as_mut().expect("topk_len buffer");
+            stream
+                .memcpy_htod(p.inner.topk_len.as_ref().unwrap(), topk_len)
+                .unwrap();
+            q.refill(&mut rng);
+            qd.rewrite(&stream, &q);
+        }
+        out.poison(&stream);
+        lse.poison(&stream);
+        graph.launch().unwrap();
+        let got = Outputs::read(&stream, &out, Some(&lse), &flag);
+        let label = format!("fp8 graph replay {round} (scale x{factor})");
+        if repeat {
+            let bits = got.logical_bits();
+            assert!(previous.as_ref() == Some(&bits), "{label}: not bitwise equal to the previous replay");
+        }
+        let want = p.reference_of(&q, &heads_all);
+        check_flag(&label, got.flag, &want.faults);
+        check_outputs(&label, &got, &want, &heads_all);
+        previous = Some(got.logical_bits());
+    }
+}

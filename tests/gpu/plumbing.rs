@@ -5,11 +5,11 @@
 
 use std::sync::Arc;
 
-use mla_decode::cudarc::driver::CudaStream;
+use mla_decode::cudarc::driver::{CudaSlice, CudaStream};
 use mla_decode::half::{bf16, f16};
 use mla_decode::*;
 
-use crate::kit::gpu;
+use crate::kit::*;
 
 pub(crate) fn stream() -> Arc<CudaStream> {
     gpu().1
@@ -798,6 +798,253 @@ fn raw_decode_layout_checks() {
             matches!(&err, Err(Error::Rejected { reason, .. }) if reason.contains(want)),
             "{want}: {err:?}"
         );
+    }
+}
+
+/// Device buffers of one raw-FFI decode call (q packed and contiguous, out and lse contiguous,
+/// out poisoned), read back as [`crate::kit::Outputs`].
+struct RawCall {
+    q: CudaSlice<bf16>,
+    cache: CudaSlice<bf16>,
+    table: CudaSlice<i32>,
+    lens: Option<CudaSlice<i32>>,
+    out: CudaSlice<bf16>,
+    lse: CudaSlice<f32>,
+    ws: CudaSlice<f32>,
+    flag: CudaSlice<u32>,
+    tokens: usize,
+    heads: usize,
+}
+
+impl RawCall {
+    fn new(
+        stream: &Arc<CudaStream>,
+        s: &ffi::mla_schedule_t,
+        q: &HostQuery<bf16>,
+        cache: &HostCache<bf16>,
+        table: &[i32],
+        lens: Option<&[i32]>,
+    ) -> RawCall {
+        let (tokens, heads) = (q.tokens, q.heads);
+        // SAFETY: a valid pointer to a schedule mla_schedule_init filled.
+        let ws_bytes = unsafe { ffi::mla_workspace_bytes(s) };
+        RawCall {
+            q: stream.clone_htod(&q.bufs[0]).unwrap(),
+            cache: stream.clone_htod(&cache.data).unwrap(),
+            table: stream.clone_htod(table).unwrap(),
+            lens: lens.map(|l| stream.clone_htod(l).unwrap()),
+            out: stream
+                .clone_htod(&vec![bf16::from_bits(POISON); tokens * heads * LATENT_DIM])
+                .unwrap(),
+            lse: stream.alloc_zeros(tokens * heads).unwrap(),
+            ws: stream.alloc_zeros(ws_bytes.div_ceil(4)).unwrap(),
+            flag: stream.alloc_zeros(4).unwrap(),
+            tokens,
+            heads,
+        }
+    }
+
+    fn read(&self, rng: &mut Rng, stream: &Arc<CudaStream>) -> Outputs<bf16> {
+        let mut layout =
+            |width| Strided::new(rng, RowsKind::Contiguous, self.tokens, self.heads, width, 8);
+        let (out_layout, lse_layout) = (layout(LATENT_DIM), layout(1));
+        let flag = stream.clone_dtoh(&self.flag).unwrap();
+        Outputs {
+            out: stream.clone_dtoh(&self.out).unwrap(),
+            out_layout,
+            lse: Some((stream.clone_dtoh(&self.lse).unwrap(), lse_layout)),
+            flag: [flag[0], flag[1], flag[2], flag[3]],
+        }
+    }
+}
+
+/// A C schedule is made once per shape with `max_len` as a hint, and a call may bring any
+/// table width or topk (docs/DESIGN.md section 1): schedules made for short rows (the row
+/// kernel's one-part steps, the short-request rule's whole-request parts) called with tables
+/// 16-64x wider and lengths that use them, and a schedule made for long rows called with short
+/// ones, dense and sparse, against the reference. Raw FFI: the safe layer ties a call to its
+/// plan's width.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn raw_decode_wider_than_schedule() {
+    use mla_decode::cudarc::driver::{DevicePtr, DevicePtrMut};
+    use mla_decode::ffi::mla_kind_t::*;
+    let stream = stream();
+    stream.context().bind_to_thread().unwrap();
+    let mut rng = rng_for("raw_decode_wider_than_schedule");
+    let schedule = |kind, batch: usize, heads: usize, max_len: usize| {
+        let shape = ffi::mla_shape_t {
+            batch: batch as i32,
+            q_len: 1,
+            num_heads: heads as i32,
+            max_len: max_len as i32,
+            kv_format: ffi::mla_kv_format_t::MLA_KV_BF16,
+            kind,
+        };
+        let mut s = ffi::mla_schedule_t::default();
+        // SAFETY: valid pointers to local structs; tuning may be NULL.
+        let st = unsafe { ffi::mla_schedule_init(&mut s, &shape, std::ptr::null()) };
+        assert_eq!(status_to_result("mla_schedule_init", st.0), Ok(()));
+        s
+    };
+    // dense: (batch, heads, the schedule's max_len, the call's longest length)
+    for (batch, heads, hint, longest) in [
+        (1usize, 8usize, 64usize, 3000usize),
+        (1, 16, 32, 1500),
+        (132, 8, 128, 1024),
+        (16, 8, 256, 4000),
+        (4, 64, 8192, 300),
+    ] {
+        let bs = rng.pick(&[16usize, 32, 64, 128]);
+        let lens: Vec<i32> = (0..batch)
+            .map(|_| rng.range(longest / 2, longest) as i32)
+            .collect();
+        let spec = DenseSpec {
+            q_len: 1,
+            heads,
+            block_size: bs,
+            max_blocks_per_seq: longest.div_ceil(bs),
+            table_pad: rng.below(3),
+            block_pad: 8 * rng.below(2),
+            spare_blocks: 2,
+            junk_unused: true,
+            seq_lens: lens,
+            scale: rng.softmax_scale(),
+        };
+        let p = DenseSetup::<bf16>::build(&mut rng, &spec);
+        let sch = schedule(MLA_KIND_DENSE, batch, heads, hint);
+        let q = HostQuery::<bf16>::random(&mut rng, QKind::Contiguous, batch, heads);
+        let mut c = RawCall::new(&stream, &sch, &q, &p.cache, &p.table, Some(&p.seq_lens));
+        let h = heads as i64;
+        {
+            let (qp, _g0) = c.q.device_ptr(&stream);
+            let (kp, _g1) = c.cache.device_ptr(&stream);
+            let (tp, _g2) = c.table.device_ptr(&stream);
+            let (lp, _g3) = c.lens.as_ref().unwrap().device_ptr(&stream);
+            let (op, _g4) = c.out.device_ptr_mut(&stream);
+            let (ep, _g5) = c.lse.device_ptr_mut(&stream);
+            let (wp, _g6) = c.ws.device_ptr_mut(&stream);
+            let (fp, _g7) = c.flag.device_ptr_mut(&stream);
+            let params = ffi::mla_dense_params_t {
+                batch: batch as i32,
+                q_len: 1,
+                num_heads: heads as i32,
+                q_nope: qp as *const _,
+                q_rope: std::ptr::null(),
+                q_nope_token_stride: h * HEAD_DIM as i64,
+                q_nope_head_stride: HEAD_DIM as i64,
+                dtype: ffi::mla_dtype_t::MLA_DTYPE_BF16,
+                kv_cache: kp as *const _,
+                kv_format: ffi::mla_kv_format_t::MLA_KV_BF16,
+                block_stride_bytes: (p.cache.stride * 2) as i64,
+                num_blocks: p.cache.num_blocks as i32,
+                block_size: bs as i32,
+                block_table: tp as *const i32,
+                max_blocks_per_seq: p.mbps as i32,
+                block_table_stride: p.table_stride as i64,
+                seq_lens: lp as *const i32,
+                out: op as *mut _,
+                out_token_stride: h * LATENT_DIM as i64,
+                out_head_stride: LATENT_DIM as i64,
+                lse: ep as *mut f32,
+                lse_token_stride: h,
+                lse_head_stride: 1,
+                softmax_scale: p.scale,
+                workspace: wp as *mut f32,
+                error_flag: fp as *mut u32,
+                ..Default::default()
+            };
+            // SAFETY: every pointer is a live device buffer of the sizes the params state.
+            let st = unsafe { ffi::mla_dense_decode(&sch, &params, stream.cu_stream() as *mut _) };
+            assert_eq!(status_to_result("mla_dense_decode", st.0), Ok(()));
+        }
+        let label = format!(
+            "dense batch {batch} heads {heads}: schedule max_len {hint}, table {} rows (path {}, parts {})",
+            p.mbps * bs,
+            sch.internal.path,
+            sch.num_parts
+        );
+        let got = c.read(&mut rng, &stream);
+        let all = all_heads(heads);
+        let want = p.reference(&q, &all);
+        check_flag(&label, got.flag, &want.faults);
+        check_outputs(&label, &got, &want, &all);
+    }
+    // sparse: (tokens, heads, the schedule's topk, the call's topk, topk_len)
+    let style = RowStyle {
+        hole: 0.05,
+        bad: 0.0,
+    };
+    for (tokens, heads, hint, topk, with_len) in [
+        (1usize, 8usize, 32usize, 2048usize, false),
+        (2, 16, 64, 1024, true),
+        (132, 8, 128, 1024, true),
+        (64, 8, 2048, 100, false),
+    ] {
+        let p = random_sparse::<bf16>(&mut rng, tokens, heads, topk, 40, 64, style, with_len);
+        let sch = schedule(MLA_KIND_SPARSE, tokens, heads, hint);
+        let q = HostQuery::<bf16>::random(&mut rng, QKind::Contiguous, tokens, heads);
+        let mut c = RawCall::new(
+            &stream,
+            &sch,
+            &q,
+            &p.cache,
+            &p.indices,
+            p.topk_len.as_deref(),
+        );
+        let h = heads as i64;
+        {
+            let (qp, _g0) = c.q.device_ptr(&stream);
+            let (kp, _g1) = c.cache.device_ptr(&stream);
+            let (ip, _g2) = c.table.device_ptr(&stream);
+            let lp = c.lens.as_ref().map(|l| l.device_ptr(&stream));
+            let (op, _g4) = c.out.device_ptr_mut(&stream);
+            let (ep, _g5) = c.lse.device_ptr_mut(&stream);
+            let (wp, _g6) = c.ws.device_ptr_mut(&stream);
+            let (fp, _g7) = c.flag.device_ptr_mut(&stream);
+            let params = ffi::mla_sparse_params_t {
+                num_tokens: tokens as i32,
+                num_heads: heads as i32,
+                q_nope: qp as *const _,
+                q_rope: std::ptr::null(),
+                q_nope_token_stride: h * HEAD_DIM as i64,
+                q_nope_head_stride: HEAD_DIM as i64,
+                dtype: ffi::mla_dtype_t::MLA_DTYPE_BF16,
+                kv_cache: kp as *const _,
+                kv_format: ffi::mla_kv_format_t::MLA_KV_BF16,
+                block_stride_bytes: (p.cache.stride * 2) as i64,
+                num_blocks: p.cache.num_blocks as i32,
+                block_size: p.cache.block_size as i32,
+                indices: ip as *const i32,
+                topk: topk as i32,
+                indices_stride: p.stride as i64,
+                topk_len: lp
+                    .as_ref()
+                    .map_or(std::ptr::null(), |(l, _)| *l as *const i32),
+                out: op as *mut _,
+                out_token_stride: h * LATENT_DIM as i64,
+                out_head_stride: LATENT_DIM as i64,
+                lse: ep as *mut f32,
+                lse_token_stride: h,
+                lse_head_stride: 1,
+                softmax_scale: p.scale,
+                workspace: wp as *mut f32,
+                error_flag: fp as *mut u32,
+                ..Default::default()
+            };
+            // SAFETY: as above.
+            let st = unsafe { ffi::mla_sparse_decode(&sch, &params, stream.cu_stream() as *mut _) };
+            assert_eq!(status_to_result("mla_sparse_decode", st.0), Ok(()));
+        }
+        let label = format!(
+            "sparse tokens {tokens} heads {heads}: schedule topk {hint}, call topk {topk} len {with_len} (path {}, parts {})",
+            sch.internal.path, sch.num_parts
+        );
+        let got = c.read(&mut rng, &stream);
+        let all = all_heads(heads);
+        let want = p.reference(&q, &all);
+        check_flag(&label, got.flag, &want.faults);
+        check_outputs(&label, &got, &want, &all);
     }
 }
 

@@ -95,10 +95,11 @@ fn sparse_random_shapes() {
         let options = plan_options(c.sm120_occupancy);
         let label = format!("sparse_random_shapes {c:?} (tokens used {tokens})");
         with_dtype!(c.dtype, T => {
-            let s = random_sparse::<T>(
+            let mut s = random_sparse::<T>(
                 &mut rng, tokens, c.heads, c.topk, num_blocks, bs, style, with_len,
             );
-            check_problem(&label, &mut rng, &stream, &s, options);
+            let nan = nan_past_topk_len(&mut rng, &mut s);
+            check_problem(&format!("{label} nan {nan}"), &mut rng, &stream, &s, options);
         });
     });
 }
@@ -121,10 +122,11 @@ fn sparse_8_rows_both_forms() {
             let label =
                 format!("sparse_8_rows_both_forms form {form} {c:?} (tokens used {tokens})");
             with_dtype!(c.dtype, T => {
-                let s = random_sparse::<T>(
+                let mut s = random_sparse::<T>(
                     &mut rng, tokens, c.heads, c.topk, num_blocks, c.block_size, style, with_len,
                 );
-                check_problem(&label, &mut rng, &stream, &s, options);
+                let nan = nan_past_topk_len(&mut rng, &mut s);
+                check_problem(&format!("{label} nan {nan}"), &mut rng, &stream, &s, options);
             });
         }
     });
@@ -581,7 +583,7 @@ fn check_holes_and_duplicates<T: Half>(rng: &mut Rng, stream: &Arc<CudaStream>) 
 /// token's topk_len name slots of the cache's lower half and those past it slots of the upper
 /// half (or, one in five, bad ids, which are not faults there); returns the first upper slot.
 /// The caller fills the upper half with NaN rows, which must then never reach the output.
-fn past_topk_len_in_upper_half<T: Half>(
+pub(crate) fn past_topk_len_in_upper_half<T: Half>(
     rng: &mut Rng,
     s: &mut SparseSetup<T>,
     lens: &[i32],
@@ -607,6 +609,30 @@ fn past_topk_len_in_upper_half<T: Half>(
         }
     }
     half
+}
+
+/// One run in two where `s` has topk_len: the entries past each token's topk_len name the
+/// cache's upper half, whose rows are NaN ([`past_topk_len_in_upper_half`]): rows a part may
+/// load with its last tile and must mask out, on every configuration. Returns the first NaN
+/// slot (the cache's slot count when none is).
+pub(crate) fn maybe_nan_past_topk_len<T: Half>(rng: &mut Rng, s: &mut SparseSetup<T>) -> usize {
+    let slots = s.cache.num_slots();
+    let Some(lens) = s.topk_len.clone() else {
+        return slots;
+    };
+    if !rng.chance(0.5) {
+        return slots;
+    }
+    past_topk_len_in_upper_half(rng, s, &lens)
+}
+
+/// [`maybe_nan_past_topk_len`] with the NaN rows written into the 16-bit cache.
+fn nan_past_topk_len<T: Half>(rng: &mut Rng, s: &mut SparseSetup<T>) -> bool {
+    let half = maybe_nan_past_topk_len(rng, s);
+    for slot in half..s.cache.num_slots() {
+        s.cache.row_mut(slot).fill(T::nan());
+    }
+    half < s.cache.num_slots()
 }
 
 /// One-part sparse steps with topk_len: the slots the index rows name past topk_len hold NaN
@@ -682,7 +708,7 @@ fn sparse_closed_form_first_tiles_early() {
         let label = format!("tokens {tokens} heads {heads} topk {topk} lens {lens:?}");
         if i % 3 == 2 {
             // fp8: the slots past topk_len all 0xff bytes (e4m3 NaN, NaN scales and RoPE)
-            let kind = FP8_KINDS[i % FP8_KINDS.len()];
+            let kind = FP8_KINDS[(i / 3) % FP8_KINDS.len()];
             let mut p = Fp8::sparse(&mut rng, s, kind, 1.0);
             let l = p.fp8.layout;
             let rb = l.format.row_bytes();
@@ -772,7 +798,11 @@ fn sparse_closed_form_aligned_flat_chunk() {
         (31, 128, 17),
     ];
     // (topk_len: None; all topk; each in the last tile)
-    for ((tokens, heads, tiles), lens) in cases.into_iter().flat_map(|c| [(c, 0), (c, 1), (c, 2)]) {
+    for (j, ((tokens, heads, tiles), lens)) in cases
+        .into_iter()
+        .flat_map(|c| [(c, 0), (c, 1), (c, 2)])
+        .enumerate()
+    {
         if lens == 0 && tokens == 31 {
             continue;
         }
@@ -790,13 +820,17 @@ fn sparse_closed_form_aligned_flat_chunk() {
         flat.tuning.split = Some(mla_decode::ffi::MLA_SPLIT_FLAT);
         let label = format!("aligned flat chunk t={tokens} h={heads} lens {lens}");
         check_problem(&label, &mut rng, &stream, &s, flat);
-        let f = Fp8::sparse(&mut rng, s, FP8_KINDS[0], 1.0);
+        // every fp8 kind in turn, in both occupancies: more than 16 query rows take the 32-row
+        // configuration for per-tensor fp8 always and for fp8_ds_mla with one CTA per SM
+        // (sm_120), over hundreds of tokens (the block scan and the large-batch searches)
+        let (kind, sm120) = (FP8_KINDS[j % 3], (j / 3) % 2 == 1);
+        let f = Fp8::sparse(&mut rng, s, kind, 1.0);
         check_problem(
-            &format!("{label} fp8"),
+            &format!("{label} fp8 {kind:?} sm120 {sm120}"),
             &mut rng,
             &stream,
             &f,
-            plan_options(false),
+            plan_options(sm120),
         );
     }
 }
