@@ -108,6 +108,18 @@ typedef enum {
 } mla_struct_t;
 /* sizeof the library's struct `which` (0 for a value it does not know). */
 size_t mla_struct_size(mla_struct_t which);
+/* Nonzero when the library linked or loaded has this header's ABI: its version and the size
+ * of every struct. The calls cannot tell a struct of another version from their own (an
+ * older caller's shorter struct is read past its end), so check this once at start-up. */
+#define MLA_ABI_MATCHES()                                                         \
+    (mla_abi_version() == MLA_ABI_VERSION &&                                      \
+     mla_struct_size(MLA_STRUCT_TUNING) == sizeof(mla_tuning_t) &&                \
+     mla_struct_size(MLA_STRUCT_SHAPE) == sizeof(mla_shape_t) &&                  \
+     mla_struct_size(MLA_STRUCT_SCHEDULE) == sizeof(mla_schedule_t) &&            \
+     mla_struct_size(MLA_STRUCT_DENSE_PARAMS) == sizeof(mla_dense_params_t) &&    \
+     mla_struct_size(MLA_STRUCT_SPARSE_PARAMS) == sizeof(mla_sparse_params_t) &&  \
+     mla_struct_size(MLA_STRUCT_APPEND_PARAMS) == sizeof(mla_append_params_t) &&  \
+     mla_struct_size(MLA_STRUCT_GATHER_PARAMS) == sizeof(mla_gather_params_t))
 
 typedef enum { MLA_DTYPE_F16 = 0, MLA_DTYPE_BF16 = 1 } mla_dtype_t;
 

@@ -67,10 +67,7 @@ static int check_abi(void) {
         fprintf(stderr, "library ABI %u, header %d\n", mla_abi_version(), MLA_ABI_VERSION);
         return 1;
     }
-    if (mla_struct_size(MLA_STRUCT_DENSE_PARAMS) != sizeof(mla_dense_params_t) ||
-        mla_struct_size(MLA_STRUCT_SCHEDULE) != sizeof(mla_schedule_t) ||
-        mla_struct_size(MLA_STRUCT_SHAPE) != sizeof(mla_shape_t) ||
-        mla_struct_size(MLA_STRUCT_TUNING) != sizeof(mla_tuning_t)) {
+    if (!MLA_ABI_MATCHES()) {
         fprintf(stderr, "struct sizes differ between the library and this header\n");
         return 1;
     }
