@@ -263,7 +263,9 @@ fn fp8_graph_replay_new_scale() {
                     .map(|_| topk_len_value(&mut rng, topk))
                     .collect(),
             );
-            stream.memcpy_htod(&p.inner.indices, &mut dev.table).unwrap();
+            stream
+                .memcpy_htod(&p.inner.indices, &mut dev.table)
+                .unwrap();
             let topk_len = dev.lens.as_mut().expect("topk_len buffer");
             stream
                 .memcpy_htod(p.inner.topk_len.as_ref().unwrap(), topk_len)
@@ -278,7 +280,10 @@ fn fp8_graph_replay_new_scale() {
         let label = format!("fp8 graph replay {round} (scale x{factor})");
         if repeat {
             let bits = got.logical_bits();
-            assert!(previous.as_ref() == Some(&bits), "{label}: not bitwise equal to the previous replay");
+            assert!(
+                previous.as_ref() == Some(&bits),
+                "{label}: not bitwise equal to the previous replay"
+            );
         }
         let want = p.reference_of(&q, &heads_all);
         check_flag(&label, got.flag, &want.faults);

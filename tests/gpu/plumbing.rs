@@ -954,10 +954,17 @@ fn raw_decode_wider_than_schedule() {
                 error_flag: fp as *mut u32,
                 ..Default::default()
             };
+            // the first case on the legacy default stream (NULL), the others on the test's
+            let raw_stream = if batch == 1 && heads == 8 {
+                std::ptr::null_mut()
+            } else {
+                stream.cu_stream() as *mut _
+            };
             // SAFETY: every pointer is a live device buffer of the sizes the params state.
-            let st = unsafe { ffi::mla_dense_decode(&sch, &params, stream.cu_stream() as *mut _) };
+            let st = unsafe { ffi::mla_dense_decode(&sch, &params, raw_stream) };
             assert_eq!(status_to_result("mla_dense_decode", st.0), Ok(()));
         }
+        stream.context().synchronize().unwrap(); // (the NULL stream's work too)
         let label = format!(
             "dense batch {batch} heads {heads}: schedule max_len {hint}, table {} rows (path {}, parts {})",
             p.mbps * bs,
