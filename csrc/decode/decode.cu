@@ -116,8 +116,9 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
         return fail(MLA_STATUS_WRONG_DEVICE, "s: the schedule was made for device %d, the current device is %d",
                     s->device, dev);
     cudaStream_t st = static_cast<cudaStream_t>(stream);
-    int stream_dev = -1;
-    MLA_CUDA_TRY(cudaStreamGetDevice(st, &stream_dev));
+    // (a stream the runtime cannot place is left to the launch, which reports it)
+    int stream_dev = dev;
+    if (cudaStreamGetDevice(st, &stream_dev) != cudaSuccess) stream_dev = dev;
     if (stream_dev != dev)
         return fail(MLA_STATUS_WRONG_DEVICE, "stream: belongs to device %d, the schedule and the current device are %d",
                     stream_dev, dev);
