@@ -451,6 +451,42 @@ fn dense_long_sequence_131077_rows() {
     check_outputs(&label, &got, &want, &heads);
 }
 
+/// More long split requests than the dealing combine lists (decode/split.cuh `kMaxLong`, 16):
+/// 20 requests of 8,192 positions among 44 short ones at 8 heads in fp8_ds_mla, whose 8-row
+/// kernel runs three CTAs per H200 / H100 SM on this step (396 parts), so each long request is
+/// cut into ~18 pieces (long: more than `kLongPieces`) and four of them merge by themselves.
+/// Both occupancies (sm120: two CTAs per SM, fewer pieces), every head.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dense_more_long_requests_than_listed() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("dense_more_long_requests_than_listed");
+    let (batch, heads, long, n_long) = (64usize, 8usize, 8192usize, 20usize);
+    let mut seq_lens: Vec<i32> = (0..batch).map(|_| rng.range(1, 700) as i32).collect();
+    for i in rng.sample(batch, n_long) {
+        seq_lens[i] = long as i32;
+    }
+    let bs = rng.pick(&[16usize, 32, 64, 128]);
+    let spec = DenseSpec {
+        q_len: 1,
+        heads,
+        block_size: bs,
+        max_blocks_per_seq: long.div_ceil(bs),
+        table_pad: rng.below(3),
+        block_pad: 8 * rng.below(2),
+        spare_blocks: 2,
+        junk_unused: true,
+        seq_lens,
+        scale: rng.softmax_scale(),
+    };
+    for sm120 in [false, true] {
+        let inner = DenseSetup::<bf16>::build(&mut rng, &spec);
+        let p = Fp8::dense(&mut rng, inner, FP8_KINDS[0], 1.0);
+        let label = format!("{n_long} long requests among {batch}, bs {bs}, sm120 {sm120}");
+        check_problem(&label, &mut rng, &stream, &p, plan_options(sm120));
+    }
+}
+
 /// One long request among short ones: in batches small enough that the schedule expects many
 /// pieces per request (parts > 16 x batch: 8 warps merge each row), and in larger ones where a
 /// warp merges each row and the long requests' rows are dealt over the combine grid as
