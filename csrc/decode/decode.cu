@@ -15,10 +15,17 @@
 
 using namespace mla;
 
+// Returns a failed mla_status_t from a check helper.
+#define MLA_TRY(expr)                                 \
+    do {                                              \
+        const mla_status_t mla_st_ = (expr);          \
+        if (mla_st_ != MLA_STATUS_OK) return mla_st_; \
+    } while (0)
+
 namespace {
 
-// Devices (bit per ordinal) whose decode kernels have had their shared-memory limit raised in
-// this process (launch below).
+// Devices (bit per ordinal, the first 64) whose decode kernels have had their shared-memory
+// limit raised in this process (decode_allow_smem).
 std::atomic<uint64_t> g_smem_allowed{0};
 
 // Launch with programmatic dependent launch when the schedule allows it (sm_90+): the
@@ -118,17 +125,15 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     // (a stream the runtime cannot place is left to the launch, which reports it)
     int stream_dev = dev;
-    if (cudaStreamGetDevice(st, &stream_dev) != cudaSuccess) stream_dev = dev;
-    if (stream_dev != dev)
+    if (cudaStreamGetDevice(st, &stream_dev) == cudaSuccess && stream_dev != dev)
         return fail(MLA_STATUS_WRONG_DEVICE, "stream: belongs to device %d, the schedule and the current device are %d",
                     stream_dev, dev);
-    // The kernels' shared-memory limit raised once per device and process (mla_schedule_init
-    // does it too; a schedule may come from elsewhere: it is plain data)
-    if (dev >= 0 && dev < 64 && !(g_smem_allowed.load(std::memory_order_acquire) & (1ull << dev))) {
+    // The kernels' shared-memory limit, if no mla_schedule_init raised it on this device in this
+    // process (a schedule is plain data: it may come from elsewhere)
+    if (!decode_smem_allowed(dev)) {
         int optin = 0;
         MLA_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-        MLA_CUDA_TRY(decode_allow_smem(optin));
-        g_smem_allowed.fetch_or(1ull << dev, std::memory_order_acq_rel);
+        MLA_CUDA_TRY(decode_allow_smem(dev, optin));
     }
     // A schedule edited by hand must still match the configuration it launches.
     const mla_schedule_internal_t& in = s->internal;
@@ -193,6 +198,17 @@ const char* layout_error(int64_t token_stride, int64_t tokens, int64_t head_stri
         inner += static_cast<__int128>(x.stride) * (x.n - 1);
     }
     return nullptr;
+}
+
+// Rejects view `name` ([tokens, heads, width] with those strides) where layout_error finds
+// something wrong; `hint` ends the message.
+mla_status_t check_layout(const char* name, int64_t token_stride, int64_t tokens, int64_t head_stride, int64_t heads,
+                          int64_t width, bool written, const char* hint = "") {
+    const char* why = layout_error(token_stride, tokens, head_stride, heads, width, written);
+    MLA_CHECK(why == nullptr, "%s_token_stride, %s_head_stride: (%lld, %lld) give %s for [%lld, %lld, %lld] rows%s", name,
+              name, static_cast<long long>(token_stride), static_cast<long long>(head_stride), why,
+              static_cast<long long>(tokens), static_cast<long long>(heads), static_cast<long long>(width), hint);
+    return MLA_STATUS_OK;
 }
 
 // Checks and fills the fields mla_dense_params_t and mla_sparse_params_t share (same names
@@ -260,29 +276,12 @@ mla_status_t common_args(const mla_schedule_t* s, const P* p, int64_t tokens, De
               static_cast<long long>(p->out_head_stride));
     // Row layouts: no negative strides, no row read across the next, no two written rows overlapping.
     const int64_t heads = s->num_heads;
-    const int64_t qn_width = packed ? kHeadDim : kLatentDim;
-    const char* why = layout_error(p->q_nope_token_stride, tokens, p->q_nope_head_stride, heads, qn_width, false);
-    MLA_CHECK(why == nullptr,
-              "q_nope_token_stride, q_nope_head_stride: (%lld, %lld) give %s for [%lld, %lld, %lld] rows%s",
-              static_cast<long long>(p->q_nope_token_stride), static_cast<long long>(p->q_nope_head_stride), why,
-              static_cast<long long>(tokens), static_cast<long long>(heads), static_cast<long long>(qn_width),
-              packed ? " (q_rope = NULL: packed 576-wide rows; a 512-wide q_nope needs its q_rope)" : "");
-    if (!packed) {
-        why = layout_error(qr_ts, tokens, qr_hs, heads, MLA_ROPE_DIM, false);
-        MLA_CHECK(why == nullptr, "q_rope_token_stride, q_rope_head_stride: (%lld, %lld) give %s for [%lld, %lld, 64] rows",
-                  static_cast<long long>(qr_ts), static_cast<long long>(qr_hs), why, static_cast<long long>(tokens),
-                  static_cast<long long>(heads));
-    }
-    why = layout_error(p->out_token_stride, tokens, p->out_head_stride, heads, kLatentDim, true);
-    MLA_CHECK(why == nullptr, "out_token_stride, out_head_stride: (%lld, %lld) give %s for [%lld, %lld, 512] rows",
-              static_cast<long long>(p->out_token_stride), static_cast<long long>(p->out_head_stride), why,
-              static_cast<long long>(tokens), static_cast<long long>(heads));
-    if (p->lse != nullptr) {
-        why = layout_error(p->lse_token_stride, tokens, p->lse_head_stride, heads, 1, true);
-        MLA_CHECK(why == nullptr, "lse_token_stride, lse_head_stride: (%lld, %lld) give %s for [%lld, %lld] values",
-                  static_cast<long long>(p->lse_token_stride), static_cast<long long>(p->lse_head_stride), why,
-                  static_cast<long long>(tokens), static_cast<long long>(heads));
-    }
+    MLA_TRY(check_layout("q_nope", p->q_nope_token_stride, tokens, p->q_nope_head_stride, heads,
+                         packed ? kHeadDim : kLatentDim, false,
+                         packed ? " (q_rope = NULL: packed 576-wide rows; a 512-wide q_nope needs its q_rope)" : ""));
+    if (!packed) MLA_TRY(check_layout("q_rope", qr_ts, tokens, qr_hs, heads, MLA_ROPE_DIM, false));
+    MLA_TRY(check_layout("out", p->out_token_stride, tokens, p->out_head_stride, heads, kLatentDim, true));
+    if (p->lse != nullptr) MLA_TRY(check_layout("lse", p->lse_token_stride, tokens, p->lse_head_stride, heads, 1, true));
     MLA_CHECK(aligned_to(p->error_flag, 4), "error_flag: not 4-byte aligned");
     MLA_CHECK(p->softmax_scale > 0.f && isfinite(p->softmax_scale), "softmax_scale: %g, must be finite and > 0",
               static_cast<double>(p->softmax_scale));
@@ -377,10 +376,15 @@ cudaError_t allow_smem_dtype(int bytes) {
     return e;
 }
 
-cudaError_t mla::decode_allow_smem(int bytes) {
+cudaError_t mla::decode_allow_smem(int dev, int bytes) {
     cudaError_t e = allow_smem_dtype<__nv_bfloat16>(bytes);
     if (e == cudaSuccess) e = allow_smem_dtype<__half>(bytes);
+    if (e == cudaSuccess && dev >= 0 && dev < 64) g_smem_allowed.fetch_or(1ull << dev, std::memory_order_acq_rel);
     return e;
+}
+
+bool mla::decode_smem_allowed(int dev) {
+    return dev < 0 || dev >= 64 || (g_smem_allowed.load(std::memory_order_acquire) >> dev & 1);
 }
 
 cudaError_t mla::decode_ctas_per_sm(mla_kv_format_t fmt, int warps, int block_m, int smem, int* ctas) {
@@ -396,11 +400,6 @@ cudaError_t mla::decode_ctas_per_sm(mla_kv_format_t fmt, int warps, int block_m,
 }
 
 
-#define MLA_TRY(expr)                                 \
-    do {                                              \
-        const mla_status_t mla_st_ = (expr);          \
-        if (mla_st_ != MLA_STATUS_OK) return mla_st_; \
-    } while (0)
 
 extern "C" mla_status_t mla_dense_decode(const mla_schedule_t* s, const mla_dense_params_t* p, void* stream) {
     enter("mla_dense_decode");

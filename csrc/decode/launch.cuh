@@ -9,8 +9,12 @@
 
 namespace mla {
 
-// Lets every decode kernel instantiation request up to `bytes` of dynamic shared memory.
-cudaError_t decode_allow_smem(int bytes);
+// Lets every decode kernel instantiation request up to `bytes` of dynamic shared memory on
+// device `dev` (the current one), and records that it did (decode_smem_allowed).
+cudaError_t decode_allow_smem(int dev, int bytes);
+// Whether decode_allow_smem has run on device `dev` in this process (true past the first 64
+// devices, which are not tracked).
+bool decode_smem_allowed(int dev);
 
 // Resident CTAs per SM of the decode kernel for cache format fmt in configuration (warps,
 // block_m) (config.cuh's with_row_format, with_config) when it requests `smem` bytes of

@@ -467,18 +467,7 @@ fn dense_more_long_requests_than_listed() {
         seq_lens[i] = long as i32;
     }
     let bs = rng.pick(&[16usize, 32, 64, 128]);
-    let spec = DenseSpec {
-        q_len: 1,
-        heads,
-        block_size: bs,
-        max_blocks_per_seq: long.div_ceil(bs),
-        table_pad: rng.below(3),
-        block_pad: 8 * rng.below(2),
-        spare_blocks: 2,
-        junk_unused: true,
-        seq_lens,
-        scale: rng.softmax_scale(),
-    };
+    let spec = split_spec(&mut rng, 1, heads, bs, long, seq_lens);
     for sm120 in [false, true] {
         let inner = DenseSetup::<bf16>::build(&mut rng, &spec);
         let p = Fp8::dense(&mut rng, inner, FP8_KINDS[0], 1.0);
@@ -592,7 +581,7 @@ fn dense_split_within_requests_and_flat() {
 
 /// The layout of the split tests: `seq_lens` in a table of `max` positions per request, random
 /// table and block padding.
-fn split_spec(
+pub(crate) fn split_spec(
     rng: &mut Rng,
     q_len: usize,
     heads: usize,
@@ -1033,14 +1022,11 @@ fn read_slots<T: Half>(s: &DenseSetup<T>) -> Vec<bool> {
 /// [`nan_past_lens`] for an fp8 cache: every byte of the unread rows 0xff (an e4m3 NaN, and
 /// NaN as an fp32 scale and a bf16 RoPE value).
 pub(crate) fn nan_past_lens_fp8<T: Half>(p: &mut Fp8<DenseSetup<T>>) {
-    let l = p.fp8.layout;
-    let rb = l.format.row_bytes();
-    for (slot, r) in read_slots(&p.inner).into_iter().enumerate() {
-        if !r {
-            let at = (slot / l.block_size) * l.block_stride_bytes + (slot % l.block_size) * rb;
-            p.fp8.bytes[at..at + rb].fill(0xff);
-        }
-    }
+    let unread = read_slots(&p.inner)
+        .into_iter()
+        .enumerate()
+        .filter(|&(_, r)| !r);
+    p.fp8.nan_rows(unread.map(|(slot, _)| slot));
 }
 
 /// A dense layout for the NaN-past-the-lengths tests: `lens` requests in tables of `mbps`

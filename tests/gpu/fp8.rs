@@ -274,12 +274,7 @@ fn fp8_random(name: &str, sparse: bool) {
                         let half = maybe_nan_past_topk_len(&mut rng, &mut s);
                         let slots = s.cache.num_slots();
                         let mut p = Fp8::sparse(&mut rng, s, kind, 1.0);
-                        let l = p.fp8.layout;
-                        let rb = l.format.row_bytes();
-                        for slot in half..slots {
-                            let at = (slot / l.block_size) * l.block_stride_bytes + (slot % l.block_size) * rb;
-                            p.fp8.bytes[at..at + rb].fill(0xff);
-                        }
+                        p.fp8.nan_rows(half..slots);
                         let label = format!("{label} nan {}", half < slots);
                         check_problem(&label, &mut rng, &stream, &p, options);
                     } else {

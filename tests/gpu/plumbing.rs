@@ -9,6 +9,7 @@ use mla_decode::cudarc::driver::{CudaSlice, CudaStream};
 use mla_decode::half::{bf16, f16};
 use mla_decode::*;
 
+use crate::dense::split_spec;
 use crate::kit::*;
 
 pub(crate) fn stream() -> Arc<CudaStream> {
@@ -899,18 +900,7 @@ fn raw_decode_wider_than_schedule() {
         let lens: Vec<i32> = (0..batch)
             .map(|_| rng.range(longest / 2, longest) as i32)
             .collect();
-        let spec = DenseSpec {
-            q_len: 1,
-            heads,
-            block_size: bs,
-            max_blocks_per_seq: longest.div_ceil(bs),
-            table_pad: rng.below(3),
-            block_pad: 8 * rng.below(2),
-            spare_blocks: 2,
-            junk_unused: true,
-            seq_lens: lens,
-            scale: rng.softmax_scale(),
-        };
+        let spec = split_spec(&mut rng, 1, heads, bs, longest, lens);
         let p = DenseSetup::<bf16>::build(&mut rng, &spec);
         let sch = schedule(MLA_KIND_DENSE, batch, heads, hint);
         let q = HostQuery::<bf16>::random(&mut rng, QKind::Contiguous, batch, heads);

@@ -710,12 +710,7 @@ fn sparse_closed_form_first_tiles_early() {
             // fp8: the slots past topk_len all 0xff bytes (e4m3 NaN, NaN scales and RoPE)
             let kind = FP8_KINDS[(i / 3) % FP8_KINDS.len()];
             let mut p = Fp8::sparse(&mut rng, s, kind, 1.0);
-            let l = p.fp8.layout;
-            let rb = l.format.row_bytes();
-            for slot in half..slots {
-                let at = (slot / l.block_size) * l.block_stride_bytes + (slot % l.block_size) * rb;
-                p.fp8.bytes[at..at + rb].fill(0xff);
-            }
+            p.fp8.nan_rows(half..slots);
             check_problem(
                 &format!("fp8 {kind:?} {label}"),
                 &mut rng,

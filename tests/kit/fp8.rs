@@ -134,6 +134,16 @@ impl Fp8Cache {
         }
     }
 
+    /// Every byte of the rows of `slots` 0xff: e4m3 NaN, and NaN as an fp32 scale and a bf16
+    /// RoPE value (rows a call must never read into its output).
+    pub fn nan_rows(&mut self, slots: impl IntoIterator<Item = usize>) {
+        let rb = self.layout.format.row_bytes();
+        for slot in slots {
+            let at = slot_offset(&self.layout, slot);
+            self.bytes[at..at + rb].fill(0xff);
+        }
+    }
+
     /// Uploads the bytes and the tensor scale.
     pub fn upload(&self, stream: &Arc<CudaStream>) -> Fp8Dev {
         Fp8Dev {
