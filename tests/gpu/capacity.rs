@@ -6,9 +6,9 @@
 
 use std::sync::Arc;
 
-use mla_decode::cudarc::driver::CudaStream;
+use mla_decode::cudarc::driver::{result, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr};
 use mla_decode::half::{bf16, f16};
-use mla_decode::{DType, Element, ErrorFlag, PlanOptions, HEAD_DIM, LATENT_DIM};
+use mla_decode::{CacheLayout, DType, Element, ErrorFlag, PlanOptions, HEAD_DIM, LATENT_DIM};
 
 use crate::cache_ops::check_append;
 use crate::kit::*;
@@ -18,14 +18,16 @@ const TAIL: usize = 5;
 
 /// Decodes `p` (its device buffers `dev`, which may be longer than it needs) with q, out and
 /// lse preallocated for `TAIL` more query rows (q's extra rows NaN, out's and lse's poison),
-/// then checks the flag and the outputs against the reference, and that out and lse past
-/// the plan's rows still hold the poison.
+/// then checks the flag and the outputs against the reference of `want_of` (`p` itself, or
+/// the same problem laid out otherwise), and that out and lse past the plan's rows still
+/// hold the poison.
 fn check_preallocated<P: Problem>(
     label: &str,
     rng: &mut Rng,
     stream: &Arc<CudaStream>,
     p: &P,
     dev: &P::Dev,
+    want_of: &P,
 ) {
     let (rows, heads) = (p.rows(), p.heads());
     let kind = QKind::random(rng);
@@ -70,7 +72,7 @@ fn check_preallocated<P: Problem>(
     .unwrap();
     let got = Outputs::read(stream, &out, Some(&lse), &flag);
     let all = all_heads(heads);
-    let want = p.reference_of(&q, &all);
+    let want = want_of.reference_of(&q, &all);
     let label = format!("{label} [{}; q {kind:?}]", <P::Elem as Element>::DTYPE);
     check_flag(&label, got.flag, &want.faults);
     check_outputs(&label, &got, &want, &all); // the rows past the plan's: still poison
@@ -106,7 +108,7 @@ fn check_dense_preallocated<T: Half>(label: &str, rng: &mut Rng, stream: &Arc<Cu
         table.push(junk_block(rng, s.cache.num_blocks));
     }
     dev.table = stream.clone_htod(&table).unwrap();
-    check_preallocated(label, rng, stream, &s, &dev);
+    check_preallocated(label, rng, stream, &s, &dev, &s);
 }
 
 /// Sparse decode with every buffer preallocated for `TAIL` more tokens: index rows of bad
@@ -130,7 +132,7 @@ fn check_sparse_preallocated<T: Half>(label: &str, rng: &mut Rng, stream: &Arc<C
     let mut topk_len = s.topk_len.clone().unwrap();
     topk_len.extend([i32::MAX, -3, 301, 300, 0]);
     dev.topk_len = Some(stream.clone_htod(&topk_len).unwrap());
-    check_preallocated(label, rng, stream, &s, &dev);
+    check_preallocated(label, rng, stream, &s, &dev, &s);
 }
 
 /// Dense decode, both dtypes, random shapes, from buffers longer than the plan's counts.
@@ -197,5 +199,193 @@ fn append_and_gather_with_preallocated_buffers() {
         assert_eq!(got.len(), g.out_len() + TAIL * g.out_stride, "{label}");
         let found = check_gather(&label, &g, &got, flag);
         assert!(found.is_empty(), "{label}: clean inputs gave {found:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Caches past 4 GiB
+
+/// A far cache's blocks start past this many bytes, so that every row's byte offset (and in
+/// a 16-bit cache its element offset, past 2^31) needs 64 bits.
+const FAR_BYTES: usize = 1 << 32;
+
+/// Blocks to put before a cache of `stride_bytes`-byte blocks so that its first block starts
+/// past [`FAR_BYTES`].
+fn far_shift(stride_bytes: usize) -> usize {
+    FAR_BYTES / stride_bytes + 1
+}
+
+/// `host` (blocks `stride` elements apart) uploaded after `shift` blocks of 0xff bytes (NaN
+/// in every format): block b of `host` is block `shift + b` of the buffer.
+fn upload_far<E: DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    host: &[E],
+    stride: usize,
+    shift: usize,
+) -> CudaSlice<E> {
+    let len = shift * stride + host.len();
+    // SAFETY: every byte is written below before any use.
+    let mut dev = unsafe { stream.alloc::<E>(len) }.expect("allocate a cache past 4 GiB");
+    {
+        let (ptr, _sync) = dev.device_ptr_mut(stream);
+        // SAFETY: `ptr` addresses `len` elements of `dev`, on `stream`.
+        unsafe { result::memset_d8_async(ptr, 0xff, len * size_of::<E>(), stream.cu_stream()) }
+            .expect("fill the cache");
+    }
+    stream
+        .memcpy_htod(host, &mut dev.slice_mut(shift * stride..))
+        .expect("upload the cache's blocks");
+    dev
+}
+
+/// `ids` with every id >= 0 moved up by `by` (saturating: an id past the cache stays past it;
+/// -1 and the other negative ids stay).
+fn shifted(ids: &[i32], by: usize) -> Vec<i32> {
+    ids.iter()
+        .map(|&e| {
+            if e >= 0 {
+                e.saturating_add(by as i32)
+            } else {
+                e
+            }
+        })
+        .collect()
+}
+
+/// A dense problem whose blocks lie past 4 GiB into the cache (`kind`: quantized to it,
+/// else 16-bit), against the reference of the same problem near the start.
+fn check_dense_far<T: Half>(
+    label: &str,
+    rng: &mut Rng,
+    stream: &Arc<CudaStream>,
+    kind: Option<Fp8Kind>,
+) {
+    let (bs, mbps) = (rng.pick(&[16, 64]), 6);
+    let spec = DenseSpec {
+        q_len: rng.range(1, 3),
+        heads: rng.pick(&[1, 8, 16]),
+        block_size: bs,
+        max_blocks_per_seq: mbps,
+        table_pad: rng.below(3),
+        block_pad: 8 * rng.below(2),
+        spare_blocks: 2,
+        junk_unused: true,
+        seq_lens: (0..rng.range(1, 5))
+            .map(|_| edge_len(rng, mbps * bs, bs) as i32)
+            .collect(),
+        scale: rng.softmax_scale(),
+    };
+    let near = DenseSetup::<T>::build(rng, &spec);
+    let Some(kind) = kind else {
+        let shift = far_shift(near.cache.stride_bytes());
+        let mut far = near.clone();
+        far.cache.num_blocks += shift;
+        far.cache.data = Vec::new();
+        far.table = shifted(&near.table, shift);
+        let dev = DenseDev {
+            cache: upload_far(stream, &near.cache.data, near.cache.stride, shift),
+            table: stream.clone_htod(&far.table).unwrap(),
+            seq_lens: stream.clone_htod(&far.seq_lens).unwrap(),
+        };
+        return check_preallocated(label, rng, stream, &far, &dev, &near);
+    };
+    let near = Fp8::dense(rng, near, kind, 1.0);
+    let layout = near.fp8.layout;
+    let shift = far_shift(layout.block_stride_bytes);
+    let mut inner = near.inner.clone();
+    inner.table = shifted(&inner.table, shift);
+    let far = Fp8 {
+        inner,
+        fp8: Fp8Cache {
+            bytes: Vec::new(),
+            layout: CacheLayout {
+                num_blocks: layout.num_blocks + shift,
+                ..layout
+            },
+            tensor_scale: near.fp8.tensor_scale,
+        },
+    };
+    let dev = Fp8ProblemDev {
+        cache: Fp8Dev {
+            bytes: upload_far(stream, &near.fp8.bytes, layout.block_stride_bytes, shift),
+            scale: stream.clone_htod(&[near.fp8.tensor_scale]).unwrap(),
+        },
+        table: stream.clone_htod(&far.inner.table).unwrap(),
+        lens: Some(stream.clone_htod(&far.inner.seq_lens).unwrap()),
+    };
+    check_preallocated(label, rng, stream, &far, &dev, &near);
+}
+
+/// [`check_dense_far`] for sparse decode: slot ids past 4 GiB into the cache.
+fn check_sparse_far<T: Half>(
+    label: &str,
+    rng: &mut Rng,
+    stream: &Arc<CudaStream>,
+    kind: Option<Fp8Kind>,
+) {
+    let style = RowStyle {
+        hole: 0.1,
+        bad: 0.0,
+    };
+    let (tokens, topk) = (rng.range(1, 20), rng.pick(&[1, 37, 300]));
+    let (bs, heads) = (rng.pick(&[16, 64]), rng.pick(&[1, 8, 16]));
+    let with_lens = rng.chance(0.5);
+    let near = random_sparse::<T>(rng, tokens, heads, topk, 20, bs, style, with_lens);
+    let Some(kind) = kind else {
+        let shift = far_shift(near.cache.stride_bytes());
+        let mut far = near.clone();
+        far.cache.num_blocks += shift;
+        far.cache.data = Vec::new();
+        far.indices = shifted(&near.indices, shift * bs);
+        let dev = SparseDev {
+            cache: upload_far(stream, &near.cache.data, near.cache.stride, shift),
+            indices: stream.clone_htod(&far.indices).unwrap(),
+            topk_len: far.topk_len.as_ref().map(|l| stream.clone_htod(l).unwrap()),
+        };
+        return check_preallocated(label, rng, stream, &far, &dev, &near);
+    };
+    let near = Fp8::sparse(rng, near, kind, 1.0);
+    let layout = near.fp8.layout;
+    let shift = far_shift(layout.block_stride_bytes);
+    let mut inner = near.inner.clone();
+    inner.indices = shifted(&inner.indices, shift * bs);
+    let far = Fp8 {
+        inner,
+        fp8: Fp8Cache {
+            bytes: Vec::new(),
+            layout: CacheLayout {
+                num_blocks: layout.num_blocks + shift,
+                ..layout
+            },
+            tensor_scale: near.fp8.tensor_scale,
+        },
+    };
+    let dev = Fp8ProblemDev {
+        cache: Fp8Dev {
+            bytes: upload_far(stream, &near.fp8.bytes, layout.block_stride_bytes, shift),
+            scale: stream.clone_htod(&[near.fp8.tensor_scale]).unwrap(),
+        },
+        table: stream.clone_htod(&far.inner.indices).unwrap(),
+        lens: (far.inner.topk_len.as_ref()).map(|l| stream.clone_htod(l).unwrap()),
+    };
+    check_preallocated(label, rng, stream, &far, &dev, &near);
+}
+
+/// Dense and sparse decode over caches whose rows lie past 4 GiB (block ids and slot ids
+/// whose byte offsets need 64 bits; the bytes before them NaN), in every format, against
+/// the same problems near the start of the cache.
+#[test]
+#[ignore = "needs a CUDA GPU (and 5 GB of its memory)"]
+fn decode_cache_rows_past_4_gib() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("decode_cache_rows_past_4_gib");
+    let kinds = std::iter::once(None).chain(FP8_KINDS.map(Some));
+    for (i, kind) in kinds.enumerate() {
+        let dtype = rng.pick(&[DType::Bf16, DType::F16]);
+        let what = kind.map_or("16-bit".to_string(), |k| format!("{k:?}"));
+        let label = format!("dense past 4 GiB {i}, {what}");
+        with_dtype!(dtype, T => check_dense_far::<T>(&label, &mut rng, &stream, kind));
+        let label = format!("sparse past 4 GiB {i}, {what}");
+        with_dtype!(dtype, T => check_sparse_far::<T>(&label, &mut rng, &stream, kind));
     }
 }
