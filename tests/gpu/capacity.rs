@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use mla_decode::cudarc::driver::{result, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr};
+use mla_decode::cudarc::driver::CudaStream;
 use mla_decode::half::{bf16, f16};
 use mla_decode::{CacheLayout, DType, Element, ErrorFlag, PlanOptions, HEAD_DIM, LATENT_DIM};
 
@@ -204,39 +204,6 @@ fn append_and_gather_with_preallocated_buffers() {
 
 // ---------------------------------------------------------------------------------------------
 // Caches past 4 GiB
-
-/// A far cache's blocks start past this many bytes, so that every row's byte offset (and in
-/// a 16-bit cache its element offset, past 2^31) needs 64 bits.
-const FAR_BYTES: usize = 1 << 32;
-
-/// Blocks to put before a cache of `stride_bytes`-byte blocks so that its first block starts
-/// past [`FAR_BYTES`].
-fn far_shift(stride_bytes: usize) -> usize {
-    FAR_BYTES / stride_bytes + 1
-}
-
-/// `host` (blocks `stride` elements apart) uploaded after `shift` blocks of 0xff bytes (NaN
-/// in every format): block b of `host` is block `shift + b` of the buffer.
-fn upload_far<E: DeviceRepr>(
-    stream: &Arc<CudaStream>,
-    host: &[E],
-    stride: usize,
-    shift: usize,
-) -> CudaSlice<E> {
-    let len = shift * stride + host.len();
-    // SAFETY: every byte is written below before any use.
-    let mut dev = unsafe { stream.alloc::<E>(len) }.expect("allocate a cache past 4 GiB");
-    {
-        let (ptr, _sync) = dev.device_ptr_mut(stream);
-        // SAFETY: `ptr` addresses `len` elements of `dev`, on `stream`.
-        unsafe { result::memset_d8_async(ptr, 0xff, len * size_of::<E>(), stream.cu_stream()) }
-            .expect("fill the cache");
-    }
-    stream
-        .memcpy_htod(host, &mut dev.slice_mut(shift * stride..))
-        .expect("upload the cache's blocks");
-    dev
-}
 
 /// `ids` with every id >= 0 moved up by `by` (saturating: an id past the cache stays past it;
 /// -1 and the other negative ids stay).

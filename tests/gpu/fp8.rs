@@ -21,25 +21,32 @@ use crate::plumbing::{cache_rows, stream};
 use crate::sparse::maybe_nan_past_topk_len;
 
 /// The expected bytes of one row written into `format` from `row` (the values exactly as
-/// uploaded).
+/// uploaded; a 16-bit format's rows are of its own type, and copied).
 fn quantized(format: KvFormat, rule: Option<ScaleRule>, scale: f32, row: &[f64]) -> Vec<u8> {
     match format {
         KvFormat::Fp8DsMla => fp8::quantize_row(row, rule.unwrap()).to_vec(),
         KvFormat::Fp8PerTensor => fp8::quantize_row_per_tensor(row, scale).to_vec(),
-        _ => unreachable!("fp8 formats only"),
+        KvFormat::Bf16 => (row.iter())
+            .flat_map(|&v| bf16::from_f64(v).to_bits().to_le_bytes())
+            .collect(),
+        KvFormat::F16 => (row.iter())
+            .flat_map(|&v| f16::from_f64(v).to_bits().to_le_bytes())
+            .collect(),
     }
 }
 
 /// `n` random rows of `T` into an fp8 cache of random bytes (padded blocks), through a slot
 /// mapping with -1 padding and then bad slots; the whole cache buffer must equal the
-/// reference's bytes and the flag must hold one of the bad slots.
+/// reference's bytes and the flag must hold one of the bad slots. `far`: the cache's
+/// blocks start past 4 GiB into the buffer (after blocks of 0xff that must stay so). Also
+/// `T`'s own 16-bit format (`rule` None).
 fn check_append_fp8<T: Half>(
     label: &str,
     rng: &mut Rng,
     stream: &Arc<CudaStream>,
-    format: KvFormat,
-    rule: Option<ScaleRule>,
+    (format, rule): (KvFormat, Option<ScaleRule>),
     block_size: usize,
+    far: bool,
 ) {
     let num_blocks = rng.range(3, 40);
     let row_bytes = format.row_bytes();
@@ -48,13 +55,16 @@ fn check_append_fp8<T: Half>(
     let mut want: Vec<u8> = (0..num_blocks * stride_bytes)
         .map(|_| rng.below(256) as u8)
         .collect();
-    let mut cache = stream.clone_htod(&want).unwrap();
+    // blocks before the cache's own, and the slots they hold
+    let shift = if far { far_shift(stride_bytes) } else { 0 };
+    let (first_slot, first_byte) = (shift * block_size, shift * stride_bytes);
+    let mut cache = upload_far(stream, &want, stride_bytes, shift);
     let tensor_scale = [0.25f32, 1.0 / 448.0, 3.0e-3, 7.5][rng.below(4)];
     let scale = stream.clone_htod(&[tensor_scale]).unwrap();
     let layout = CacheLayout {
         format,
         block_size,
-        num_blocks,
+        num_blocks: shift + num_blocks,
         block_stride_bytes: stride_bytes,
     };
     let mut flag = ErrorFlag::new(stream).unwrap();
@@ -84,10 +94,16 @@ fn check_append_fp8<T: Half>(
     let mut slots: Vec<i64> = rng
         .sample(slots_total, n)
         .into_iter()
-        .map(|s| if rng.below(6) == 0 { -1 } else { s as i64 })
+        .map(|s| {
+            if rng.below(6) == 0 {
+                -1
+            } else {
+                (first_slot + s) as i64
+            }
+        })
         .collect();
     // bad slots: past the end, negative, past 2^32
-    let bad = [slots_total as i64, -9, (1i64 << 35) + 3];
+    let bad = [(first_slot + slots_total) as i64, -9, (1i64 << 35) + 3];
     let mut faults = Vec::new();
     for (k, &b) in bad.iter().enumerate() {
         if n > k + 1 && rng.below(2) == 0 {
@@ -103,14 +119,15 @@ fn check_append_fp8<T: Half>(
         }
     }
     for (i, &slot) in slots.iter().enumerate() {
-        if slot < 0 || slot as usize >= slots_total {
+        if slot < first_slot as i64 || slot as usize >= first_slot + slots_total {
             continue;
         }
         let row: Vec<f64> = kv[i * stride..][..HEAD_DIM]
             .iter()
             .map(|v| v.to_f64())
             .collect();
-        let (blk, off) = (slot as usize / block_size, slot as usize % block_size);
+        let slot = slot as usize - first_slot;
+        let (blk, off) = (slot / block_size, slot % block_size);
         let at = blk * stride_bytes + off * row_bytes;
         want[at..at + row_bytes].copy_from_slice(&quantized(format, rule, tensor_scale, &row));
     }
@@ -130,7 +147,16 @@ fn check_append_fp8<T: Half>(
     append_kv(stream, &args, &mut kc, Some(&mut flag)).unwrap();
     let words = flag.read(stream).unwrap();
     check_flag(label, words, &faults);
-    let got = stream.clone_dtoh(&cache).unwrap();
+    // (far: the 16 bytes before the cache's blocks too, which must still be 0xff)
+    let before = first_byte.min(16);
+    let got = stream
+        .clone_dtoh(&cache.slice(first_byte - before..))
+        .unwrap();
+    assert!(
+        got[..before].iter().all(|&b| b == 0xff),
+        "{label}: the bytes before the cache's blocks were written"
+    );
+    let got = &got[before..];
     if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
         let (blk, within) = (i / stride_bytes, i % stride_bytes);
         panic!(
@@ -160,9 +186,29 @@ fn append_fp8_matches_reference_bytes() {
         for dtype in [DType::Bf16, DType::F16] {
             for bs in BLOCK_SIZES {
                 let label = format!("append {format} {rule:?} {dtype} bs {bs}");
-                with_dtype!(dtype, T => check_append_fp8::<T>(&label, &mut rng, &stream, format, rule, bs));
+                with_dtype!(dtype, T => check_append_fp8::<T>(&label, &mut rng, &stream, (format, rule), bs, false));
             }
         }
+    }
+}
+
+/// The append into caches whose blocks lie past 4 GiB (slot ids whose byte offsets need 64
+/// bits), every format (fp8: both rules and both row types).
+#[test]
+#[ignore = "needs a GPU (and 5 GB of its memory)"]
+fn append_past_4_gib() {
+    let (_ctx, stream) = gpu();
+    let mut rng = rng_for("append_past_4_gib");
+    let sixteen = [(KvFormat::Bf16, None), (KvFormat::F16, None)];
+    for kind in FORMATS.into_iter().chain(sixteen) {
+        let dtype = match kind.0 {
+            KvFormat::Bf16 => DType::Bf16,
+            KvFormat::F16 => DType::F16,
+            _ => rng.pick(&[DType::Bf16, DType::F16]),
+        };
+        let bs = rng.pick(&BLOCK_SIZES);
+        let label = format!("append past 4 GiB {kind:?} {dtype} bs {bs}");
+        with_dtype!(dtype, T => check_append_fp8::<T>(&label, &mut rng, &stream, kind, bs, true));
     }
 }
 
@@ -174,7 +220,7 @@ fn sanitize_append_fp8() {
     let mut rng = rng_for("sanitize_append_fp8");
     for (format, rule) in FORMATS {
         let label = format!("sanitize append {format} {rule:?}");
-        check_append_fp8::<bf16>(&label, &mut rng, &stream, format, rule, 16);
+        check_append_fp8::<bf16>(&label, &mut rng, &stream, (format, rule), 16, false);
     }
 }
 

@@ -5,7 +5,9 @@
 
 use std::sync::Arc;
 
-use mla_decode::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use mla_decode::cudarc::driver::{
+    result, CudaContext, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr,
+};
 use mla_decode::reference::Attention;
 use mla_decode::{
     dense_decode, gather_slots, sparse_decode, BlockTable, CacheLayout, DecodePlan, DenseArgs,
@@ -757,4 +759,40 @@ impl GatherSetup {
         };
         BlockTable::new(dev, shape).with_row_stride(self.table_stride)
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Caches past 4 GiB
+
+/// A far cache's blocks start past this many bytes, so that every row's byte offset (and in
+/// a 16-bit cache its element offset, past 2^31) needs 64 bits.
+pub const FAR_BYTES: usize = 1 << 32;
+
+/// Blocks to put before a cache of `stride_bytes`-byte blocks so that its first block starts
+/// past [`FAR_BYTES`].
+pub fn far_shift(stride_bytes: usize) -> usize {
+    FAR_BYTES / stride_bytes + 1
+}
+
+/// `host` (blocks `stride` elements apart) uploaded after `shift` blocks of 0xff bytes (NaN
+/// in every format): block b of `host` is block `shift + b` of the buffer.
+pub fn upload_far<E: DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    host: &[E],
+    stride: usize,
+    shift: usize,
+) -> CudaSlice<E> {
+    let len = shift * stride + host.len();
+    // SAFETY: every byte is written below before any use.
+    let mut dev = unsafe { stream.alloc::<E>(len) }.expect("allocate a cache past 4 GiB");
+    {
+        let (ptr, _sync) = dev.device_ptr_mut(stream);
+        // SAFETY: `ptr` addresses `len` elements of `dev`, on `stream`.
+        unsafe { result::memset_d8_async(ptr, 0xff, len * size_of::<E>(), stream.cu_stream()) }
+            .expect("fill the cache");
+    }
+    stream
+        .memcpy_htod(host, &mut dev.slice_mut(shift * stride..))
+        .expect("upload the cache's blocks");
+    dev
 }
