@@ -2,7 +2,8 @@
 //! buffers longer than its token count (the plan's for decode, `num_tokens` for append and
 //! gather), without slicing. The rows past the count hold values that would show if a call
 //! used them (lengths and ids the flag would record, valid slots whose rows the call would
-//! write), and the outputs' rows past it hold poison that must survive.
+//! write), and the outputs' rows past it hold poison that must survive. And large caches:
+//! decode of rows past 4 GiB into the cache buffer.
 
 use std::sync::Arc;
 

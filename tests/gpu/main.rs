@@ -21,7 +21,8 @@
 //! - [`graph`]: `capture_graph` (its refusals; dense and sparse steps replayed with new
 //!   inputs, the flag snapshotted on the device);
 //! - [`capacity`]: preallocated maximum-size buffers: every call with buffers longer than
-//!   its token count, nothing past the count read or written;
+//!   its token count, nothing past the count read or written; decode of caches whose rows
+//!   lie past 4 GiB (the append's twin is in [`fp8`]);
 //! - [`soak`]: random calls across the whole API, a fifth of them bad (`MLA_SOAK_CALLS`;
 //!   `sanitize_soak_random_api`, `MLA_SANITIZE_SOAK_CALLS`, is the sanitizer's);
 //! - [`concurrency`]: two streams, two host threads, two GPUs (skipped, saying so, on a
