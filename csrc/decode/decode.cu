@@ -24,9 +24,11 @@ using namespace mla;
 
 namespace {
 
-// Devices (bit per ordinal, the first 64) whose decode kernels have had their shared-memory
+// Per row-format class (smem_class: 16-bit rows, fp8_ds_mla, per-tensor fp8), the devices (bit
+// per ordinal, the first 64) whose decode kernels of that class have had their shared-memory
 // limit raised in this process (decode_allow_smem).
-std::atomic<uint64_t> g_smem_allowed{0};
+std::atomic<uint64_t> g_smem_allowed[3] = {};
+int smem_class(mla_kv_format_t fmt) { return fmt == MLA_KV_FP8_DS_MLA ? 1 : fmt == MLA_KV_FP8 ? 2 : 0; }
 
 // Launch with programmatic dependent launch when the schedule allows it (sm_90+): the
 // kernel may start while the previous one drains and waits in grid_dependency_wait().
@@ -130,10 +132,10 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
                     stream_dev, dev);
     // The kernels' shared-memory limit, if no mla_schedule_init raised it on this device in this
     // process (a schedule is plain data: it may come from elsewhere)
-    if (!decode_smem_allowed(dev)) {
+    if (!decode_smem_allowed(dev, fmt)) {
         int optin = 0;
         MLA_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-        MLA_CUDA_TRY(decode_allow_smem(dev, optin));
+        MLA_CUDA_TRY(decode_allow_smem(dev, fmt, optin));
     }
     // A schedule edited by hand must still match the configuration it launches.
     const mla_schedule_internal_t& in = s->internal;
@@ -365,26 +367,27 @@ cudaError_t set_smem_attr(int bytes) {
 
 }  // namespace
 
-template <typename T>
-cudaError_t allow_smem_dtype(int bytes) {
-    cudaError_t e = set_smem_attr<RowF16<T>, false>(bytes);
-    if (e == cudaSuccess) e = set_smem_attr<RowF16<T>, true>(bytes);
-    if (e == cudaSuccess) e = set_smem_attr<RowFp8DsMla<T>, false>(bytes);
-    if (e == cudaSuccess) e = set_smem_attr<RowFp8DsMla<T>, true>(bytes);
-    if (e == cudaSuccess) e = set_smem_attr<RowFp8Tensor<T>, false>(bytes);
-    if (e == cudaSuccess) e = set_smem_attr<RowFp8Tensor<T>, true>(bytes);
+// The kernels of row format Row<T> for both query dtypes, dense and sparse.
+template <template <typename> class Row>
+cudaError_t allow_smem_rows(int bytes) {
+    cudaError_t e = set_smem_attr<Row<__nv_bfloat16>, false>(bytes);
+    if (e == cudaSuccess) e = set_smem_attr<Row<__nv_bfloat16>, true>(bytes);
+    if (e == cudaSuccess) e = set_smem_attr<Row<__half>, false>(bytes);
+    if (e == cudaSuccess) e = set_smem_attr<Row<__half>, true>(bytes);
     return e;
 }
 
-cudaError_t mla::decode_allow_smem(int dev, int bytes) {
-    cudaError_t e = allow_smem_dtype<__nv_bfloat16>(bytes);
-    if (e == cudaSuccess) e = allow_smem_dtype<__half>(bytes);
-    if (e == cudaSuccess && dev >= 0 && dev < 64) g_smem_allowed.fetch_or(1ull << dev, std::memory_order_acq_rel);
+cudaError_t mla::decode_allow_smem(int dev, mla_kv_format_t fmt, int bytes) {
+    const int c = smem_class(fmt);
+    const cudaError_t e = c == 1   ? allow_smem_rows<RowFp8DsMla>(bytes)
+                          : c == 2 ? allow_smem_rows<RowFp8Tensor>(bytes)
+                                   : allow_smem_rows<RowF16>(bytes);
+    if (e == cudaSuccess && dev >= 0 && dev < 64) g_smem_allowed[c].fetch_or(1ull << dev, std::memory_order_acq_rel);
     return e;
 }
 
-bool mla::decode_smem_allowed(int dev) {
-    return dev < 0 || dev >= 64 || (g_smem_allowed.load(std::memory_order_acquire) >> dev & 1);
+bool mla::decode_smem_allowed(int dev, mla_kv_format_t fmt) {
+    return dev < 0 || dev >= 64 || (g_smem_allowed[smem_class(fmt)].load(std::memory_order_acquire) >> dev & 1);
 }
 
 cudaError_t mla::decode_ctas_per_sm(mla_kv_format_t fmt, int warps, int block_m, int smem, int* ctas) {

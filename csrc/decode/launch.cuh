@@ -9,12 +9,15 @@
 
 namespace mla {
 
-// Lets every decode kernel instantiation request up to `bytes` of dynamic shared memory on
-// device `dev` (the current one), and records that it did (decode_smem_allowed).
-cudaError_t decode_allow_smem(int dev, int bytes);
-// Whether decode_allow_smem has run on device `dev` in this process (true past the first 64
-// devices, which are not tracked).
-bool decode_smem_allowed(int dev);
+// Lets the decode kernels of cache format fmt's row format (both query dtypes, dense and
+// sparse; f16 and bf16 caches share theirs) request up to `bytes` of dynamic shared memory on
+// device `dev` (the current one), and records that it did (decode_smem_allowed). Only those:
+// setting an attribute loads the kernel, and the other formats' kernels stay unloaded until
+// a schedule or a launch needs them (CUDA's lazy loading).
+cudaError_t decode_allow_smem(int dev, mla_kv_format_t fmt, int bytes);
+// Whether decode_allow_smem has run for fmt's row format on device `dev` in this process
+// (true past the first 64 devices, which are not tracked).
+bool decode_smem_allowed(int dev, mla_kv_format_t fmt);
 
 // Resident CTAs per SM of the decode kernel for cache format fmt in configuration (warps,
 // block_m) (config.cuh's with_row_format, with_config) when it requests `smem` bytes of

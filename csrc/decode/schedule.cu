@@ -104,7 +104,7 @@ extern "C" mla_status_t mla_schedule_init(mla_schedule_t* s, const mla_shape_t* 
     MLA_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     // Allow the device maximum once: schedules with and without the sm120 padding then
     // coexist (each launch requests its own smem_bytes).
-    MLA_CUDA_TRY(decode_allow_smem(dev, optin));
+    MLA_CUDA_TRY(decode_allow_smem(dev, fmt, optin));
     // The configuration (log #26, #28): with at least 32 query rows and room for only one
     // 4-warp CTA per SM (sm_120; the H200 in sm120-occupancy mode), 32 rows per 8-warp CTA
     // (each K and V fragment serves two m-tiles); on small steps (at most two tiles per SM:
