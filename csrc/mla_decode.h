@@ -10,8 +10,9 @@
  *     (NULL = the legacy default stream: code built with per-thread default streams
  *     passes cudaStreamPerThread). Calls run on the given stream in the context current on
  *     the calling thread; a decode call's stream must belong to its schedule's device
- *     (MLA_STATUS_WRONG_DEVICE otherwise). Nothing is global but each kernel's
- *     shared-memory limit, raised once per device and process.
+ *     (MLA_STATUS_WRONG_DEVICE otherwise). Nothing is global but the decode kernels'
+ *     shared-memory limit, raised per device and cache format (only the kernels of formats
+ *     in use are loaded).
  *   - Strides are in ELEMENTS of the tensor they step through, as int64, unless the name
  *     ends in _bytes. The last dimension of every tensor is contiguous. The stride of a
  *     dimension of size 1 is never used, so it is never checked (torch gives such strides
