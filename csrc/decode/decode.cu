@@ -125,11 +125,6 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
         return fail(MLA_STATUS_WRONG_DEVICE, "s: the schedule was made for device %d, the current device is %d",
                     s->device, dev);
     cudaStream_t st = static_cast<cudaStream_t>(stream);
-    // (a stream the runtime cannot place is left to the launch, which reports it)
-    int stream_dev = dev;
-    if (cudaStreamGetDevice(st, &stream_dev) == cudaSuccess && stream_dev != dev)
-        return fail(MLA_STATUS_WRONG_DEVICE, "stream: belongs to device %d, the schedule and the current device are %d",
-                    stream_dev, dev);
     // The kernels' shared-memory limit, if no mla_schedule_init raised it on this device in this
     // process (a schedule is plain data: it may come from elsewhere)
     if (!decode_smem_allowed(dev, fmt)) {
@@ -161,14 +156,23 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
               "s: smem_bytes, num_m_tiles or num_parts do not match the configuration (edited by hand?)");
     // The one list of (query dtype, cache format) -> row format policy (decode/format.cuh,
     // decode/format_fp8.cuh); common_args accepted only these pairs.
-    if (dtype == MLA_DTYPE_BF16) {
-        if (fmt == MLA_KV_FP8_DS_MLA) return launch_typed<RowFp8DsMla<__nv_bfloat16>, kSparse>(s, a, st);
-        if (fmt == MLA_KV_FP8) return launch_typed<RowFp8Tensor<__nv_bfloat16>, kSparse>(s, a, st);
-        return launch_typed<RowF16<__nv_bfloat16>, kSparse>(s, a, st);
+    const mla_status_t launched =
+        dtype == MLA_DTYPE_BF16 ? (fmt == MLA_KV_FP8_DS_MLA ? launch_typed<RowFp8DsMla<__nv_bfloat16>, kSparse>(s, a, st)
+                                   : fmt == MLA_KV_FP8      ? launch_typed<RowFp8Tensor<__nv_bfloat16>, kSparse>(s, a, st)
+                                                            : launch_typed<RowF16<__nv_bfloat16>, kSparse>(s, a, st))
+        : fmt == MLA_KV_FP8_DS_MLA ? launch_typed<RowFp8DsMla<__half>, kSparse>(s, a, st)
+        : fmt == MLA_KV_FP8        ? launch_typed<RowFp8Tensor<__half>, kSparse>(s, a, st)
+                                   : launch_typed<RowF16<__half>, kSparse>(s, a, st);
+    // A stream of another device fails the launch (nothing was enqueued); name the cause. Only
+    // on that path: cudaStreamGetDevice is not a call a capturing stream allows (it
+    // invalidates the capture), and a failed launch has nothing left to capture.
+    int stream_dev = dev;
+    if (launched == MLA_STATUS_CUDA_ERROR && cudaStreamGetDevice(st, &stream_dev) == cudaSuccess && stream_dev != dev) {
+        (void)cudaGetLastError();  // (the launch's own error, not the caller's)
+        return fail(MLA_STATUS_WRONG_DEVICE, "stream: belongs to device %d, the schedule and the current device are %d",
+                    stream_dev, dev);
     }
-    if (fmt == MLA_KV_FP8_DS_MLA) return launch_typed<RowFp8DsMla<__half>, kSparse>(s, a, st);
-    if (fmt == MLA_KV_FP8) return launch_typed<RowFp8Tensor<__half>, kSparse>(s, a, st);
-    return launch_typed<RowF16<__half>, kSparse>(s, a, st);
+    return launched;
 }
 
 // What is wrong with the strides (elements) of a [tokens, heads, width] view, or NULL. Only

@@ -1004,7 +1004,8 @@ fn nan_past_lens<T: Half>(s: &mut DenseSetup<T>) {
     }
 }
 
-/// Which cache slots `s`'s requests read (positions below their clamped lengths).
+/// Which cache slots `s`'s requests read (positions below their clamped lengths; a bad block
+/// id there, a recorded fault, reads nothing).
 fn read_slots<T: Half>(s: &DenseSetup<T>) -> Vec<bool> {
     let bs = s.cache.block_size;
     let cap = (s.mbps * bs) as i64;
@@ -1012,8 +1013,10 @@ fn read_slots<T: Half>(s: &DenseSetup<T>) -> Vec<bool> {
     for b in 0..s.batch {
         let len = (s.seq_lens[b] as i64).clamp(0, cap) as usize;
         for pos in 0..len {
-            let blk = s.table[b * s.table_stride + pos / bs] as usize;
-            read[blk * bs + pos % bs] = true;
+            let blk = s.table[b * s.table_stride + pos / bs];
+            if (0..s.cache.num_blocks as i64).contains(&(blk as i64)) {
+                read[blk as usize * bs + pos % bs] = true;
+            }
         }
     }
     read
