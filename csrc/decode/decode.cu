@@ -166,7 +166,7 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
     // A stream of another device fails the launch (nothing was enqueued); name the cause. Only
     // on that path: cudaStreamGetDevice is not a call a capturing stream allows (it
     // invalidates the capture), and a failed launch has nothing left to capture.
-    int stream_dev = dev;
+    int stream_dev = dev;  // capture: failure path
     if (launched == MLA_STATUS_CUDA_ERROR && cudaStreamGetDevice(st, &stream_dev) == cudaSuccess && stream_dev != dev) {
         (void)cudaGetLastError();  // (the launch's own error, not the caller's)
         return fail(MLA_STATUS_WRONG_DEVICE, "stream: belongs to device %d, the schedule and the current device are %d",

@@ -158,3 +158,62 @@ fn api_types_are_send_and_sync() {
     send_sync::<mla_decode::DecodePlan>();
     send_sync::<ErrorFlag>();
 }
+
+/// The C entry points run inside engines' CUDA-graph captures, where a synchronizing call, a
+/// stream query or an allocation invalidates the capture (session 49's `cudaStreamGetDevice`
+/// did, on every decode). No source file under `csrc/` makes such a call, except on a failure
+/// path marked `capture: failure path` on its line or the line before (after a launch has
+/// failed, there is nothing left to capture). The GPU's `graph::` tests are the real check;
+/// this one catches the call on a CPU run.
+#[test]
+fn c_sources_make_no_capture_breaking_calls() {
+    const BREAKING: [&str; 12] = [
+        "cudaStreamSynchronize",
+        "cudaDeviceSynchronize",
+        "cudaStreamQuery",
+        "cudaStreamGetDevice",
+        "cudaEventSynchronize",
+        "cudaEventQuery",
+        "cudaMalloc(",
+        "cudaMallocHost",
+        "cudaFree(",
+        "cudaMemcpy(",
+        "cudaMemset(",
+        "cudaDeviceReset",
+    ];
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("csrc");
+    let mut files = vec![root.clone()];
+    let mut found = Vec::new();
+    let mut scanned = 0;
+    while let Some(path) = files.pop() {
+        if path.is_dir() {
+            for entry in std::fs::read_dir(&path).unwrap() {
+                files.push(entry.unwrap().path());
+            }
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        scanned += 1;
+        let mut previous = "";
+        for (i, line) in text.lines().enumerate() {
+            // code only: no comment lines, nothing after `//`
+            let code = line.split("//").next().unwrap_or("");
+            let trimmed = code.trim_start();
+            let comment = trimmed.starts_with('*') || trimmed.starts_with("/*");
+            let marked = [line, previous]
+                .iter()
+                .any(|l| l.contains("capture: failure path"));
+            if !comment && !marked {
+                for call in BREAKING.iter().filter(|c| code.contains(*c)) {
+                    found.push(format!("{}:{}: {call}", path.display(), i + 1));
+                }
+            }
+            previous = line;
+        }
+    }
+    assert!(scanned >= 10, "read only {scanned} files under {root:?}");
+    assert!(
+        found.is_empty(),
+        "calls that break a graph capture: {found:#?}"
+    );
+}
