@@ -47,6 +47,20 @@ cudaError_t launch_pdl(void (*kernel)(DecodeArgs), dim3 grid, int threads, int s
     return cudaLaunchKernelEx(&cfg, kernel, a);
 }
 
+// A failed first launch of a decode call (nothing enqueued): a stream of another device than
+// the schedule's fails it, and is named as such; else the CUDA error, as the launch `what`. The
+// stream's device is asked for only here: cudaStreamGetDevice is not a call a capturing stream
+// allows (it invalidates the capture).
+mla_status_t first_launch_failed(cudaError_t e, const mla_schedule_t* s, cudaStream_t st, const char* what) {
+    int stream_dev = s->device;  // capture: failure path
+    if (cudaStreamGetDevice(st, &stream_dev) == cudaSuccess && stream_dev != s->device) {  // capture: failure path
+        (void)cudaGetLastError();  // (the launch's own error, not the caller's)
+        return fail(MLA_STATUS_WRONG_DEVICE, "stream: belongs to device %d, the schedule and the current device are %d",
+                    stream_dev, s->device);
+    }
+    return cuda_fail(e, what);
+}
+
 template <typename Fmt, bool kSparse>
 mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& args, cudaStream_t st) {
     DecodeArgs a = args;  // (the kSpec launch below sets the closed form with lengths, which the combine reads too)
@@ -54,9 +68,8 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& args, cudaS
     const mla_schedule_internal_t& in = s->internal;
     if (in.path == MLA_PATH_ROWS) {  // a CTA per (query row, request); nothing to merge
         const dim3 rgrid(a.m_rows, s->batch);
-        MLA_CUDA_TRY_AS(launch_pdl(rows_kernel<Fmt, kSparse>, rgrid, kRowsWarps * 32, 0, st, in.pdl, a),
-                        "the row kernel's launch");
-        return MLA_STATUS_OK;
+        const cudaError_t e = launch_pdl(rows_kernel<Fmt, kSparse>, rgrid, kRowsWarps * 32, 0, st, in.pdl, a);
+        return e == cudaSuccess ? MLA_STATUS_OK : first_launch_failed(e, s, st, "the row kernel's launch");
     }
     const dim3 grid(s->num_m_tiles, s->num_parts);
     const int z = s->internal.combine_slices;
@@ -73,7 +86,7 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& args, cudaS
                     : !combine_deals(a)     ? combine_kernel<T, kSparse, 4, 4>
                     : by_warps              ? combine_dealing_kernel<T, kSparse, 4, true>
                                             : combine_dealing_kernel<T, kSparse, 4, false>;
-    MLA_CUDA_TRY_AS(with_config(in.warps, in.block_m, in.form, [&](auto c) -> cudaError_t {
+    const cudaError_t launched = with_config(in.warps, in.block_m, in.form, [&](auto c) -> cudaError_t {
         using C = decltype(c);
         if constexpr (!kConfigFor<Fmt, C>) {
             return cudaErrorInvalidConfiguration;  // (launch checks the form against the format)
@@ -102,7 +115,8 @@ mla_status_t launch_typed(const mla_schedule_t* s, const DecodeArgs& args, cudaS
             }
             return launch_pdl(decode_kernel<Fmt, kSparse, C>, grid, C::kThreads, s->smem_bytes, st, in.pdl, a);
         }
-    }), "the decode launch");
+    });
+    if (launched != cudaSuccess) return first_launch_failed(launched, s, st, "the decode launch");
     // One part, or a split that the host knows lays every request inside one part
     // (nothing_to_merge): no request is split, nothing to merge.
     if (s->num_parts > 1 && !nothing_to_merge(a)) {
@@ -156,23 +170,14 @@ mla_status_t launch(const mla_schedule_t* s, const DecodeArgs& a, mla_dtype_t dt
               "s: smem_bytes, num_m_tiles or num_parts do not match the configuration (edited by hand?)");
     // The one list of (query dtype, cache format) -> row format policy (decode/format.cuh,
     // decode/format_fp8.cuh); common_args accepted only these pairs.
-    const mla_status_t launched =
-        dtype == MLA_DTYPE_BF16 ? (fmt == MLA_KV_FP8_DS_MLA ? launch_typed<RowFp8DsMla<__nv_bfloat16>, kSparse>(s, a, st)
-                                   : fmt == MLA_KV_FP8      ? launch_typed<RowFp8Tensor<__nv_bfloat16>, kSparse>(s, a, st)
-                                                            : launch_typed<RowF16<__nv_bfloat16>, kSparse>(s, a, st))
-        : fmt == MLA_KV_FP8_DS_MLA ? launch_typed<RowFp8DsMla<__half>, kSparse>(s, a, st)
-        : fmt == MLA_KV_FP8        ? launch_typed<RowFp8Tensor<__half>, kSparse>(s, a, st)
-                                   : launch_typed<RowF16<__half>, kSparse>(s, a, st);
-    // A stream of another device fails the launch (nothing was enqueued); name the cause. Only
-    // on that path: cudaStreamGetDevice is not a call a capturing stream allows (it
-    // invalidates the capture), and a failed launch has nothing left to capture.
-    int stream_dev = dev;  // capture: failure path
-    if (launched == MLA_STATUS_CUDA_ERROR && cudaStreamGetDevice(st, &stream_dev) == cudaSuccess && stream_dev != dev) {
-        (void)cudaGetLastError();  // (the launch's own error, not the caller's)
-        return fail(MLA_STATUS_WRONG_DEVICE, "stream: belongs to device %d, the schedule and the current device are %d",
-                    stream_dev, dev);
+    if (dtype == MLA_DTYPE_BF16) {
+        if (fmt == MLA_KV_FP8_DS_MLA) return launch_typed<RowFp8DsMla<__nv_bfloat16>, kSparse>(s, a, st);
+        if (fmt == MLA_KV_FP8) return launch_typed<RowFp8Tensor<__nv_bfloat16>, kSparse>(s, a, st);
+        return launch_typed<RowF16<__nv_bfloat16>, kSparse>(s, a, st);
     }
-    return launched;
+    if (fmt == MLA_KV_FP8_DS_MLA) return launch_typed<RowFp8DsMla<__half>, kSparse>(s, a, st);
+    if (fmt == MLA_KV_FP8) return launch_typed<RowFp8Tensor<__half>, kSparse>(s, a, st);
+    return launch_typed<RowF16<__half>, kSparse>(s, a, st);
 }
 
 // What is wrong with the strides (elements) of a [tokens, heads, width] view, or NULL. Only

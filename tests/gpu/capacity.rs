@@ -209,14 +209,9 @@ fn append_and_gather_with_preallocated_buffers() {
 /// `ids` with every id >= 0 moved up by `by` (saturating: an id past the cache stays past it;
 /// -1 and the other negative ids stay).
 fn shifted(ids: &[i32], by: usize) -> Vec<i32> {
+    let by = i32::try_from(by).expect("a shift that fits an id");
     ids.iter()
-        .map(|&e| {
-            if e >= 0 {
-                e.saturating_add(by as i32)
-            } else {
-                e
-            }
-        })
+        .map(|&e| if e >= 0 { e.saturating_add(by) } else { e })
         .collect()
 }
 
@@ -244,10 +239,13 @@ fn check_dense_far<T: Half>(
             .collect(),
         scale: rng.softmax_scale(),
     };
-    if rng.chance(0.5) {
-        // A length out of range: recorded, and clamped to 0 or to the table.
-        let (b, cap) = (rng.below(spec.seq_lens.len()), (mbps * bs) as i32);
-        spec.seq_lens[b] = rng.pick(&[-3, cap + 9, i32::MIN, i32::MAX]);
+    // Request 0 reads rows (else the case could read nothing past 4 GiB); one of the others,
+    // if any, may have a length out of range: recorded, and clamped to 0 or to the table.
+    let cap = (mbps * bs) as i32;
+    spec.seq_lens[0] = rng.range(1, cap as usize) as i32;
+    let n = spec.seq_lens.len();
+    if n > 1 && rng.chance(0.5) {
+        spec.seq_lens[rng.range(1, n - 1)] = rng.pick(&[-3, cap + 9, i32::MIN, i32::MAX]);
     }
     let near = DenseSetup::<T>::build(rng, &spec);
     let Some(kind) = kind else {
@@ -304,7 +302,13 @@ fn check_sparse_far<T: Half>(
     let (tokens, topk) = (rng.range(1, 20), rng.pick(&[1, 37, 300]));
     let (bs, heads) = (rng.pick(&[16, 64]), rng.pick(&[1, 8, 16]));
     let with_lens = rng.chance(0.5);
-    let near = random_sparse::<T>(rng, tokens, heads, topk, 20, bs, style, with_lens);
+    let mut near = random_sparse::<T>(rng, tokens, heads, topk, 20, bs, style, with_lens);
+    // Token 0 reads a row (else the case could read nothing past 4 GiB): its first entry valid
+    // and inside its topk_len.
+    near.indices[0] = rng.below(near.cache.num_slots()) as i32;
+    if let Some(lens) = near.topk_len.as_mut() {
+        lens[0] = lens[0].max(1);
+    }
     let Some(kind) = kind else {
         let shift = far_shift(near.cache.stride_bytes());
         let mut far = near.clone();

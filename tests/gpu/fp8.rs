@@ -147,7 +147,18 @@ fn check_append_fp8<T: Half>(
     append_kv(stream, &args, &mut kc, Some(&mut flag)).unwrap();
     let words = flag.read(stream).unwrap();
     check_flag(label, words, &faults);
-    // (far: the 16 bytes before the cache's blocks too, which must still be 0xff)
+    // (far: the 16 bytes before the cache's blocks too, and where an offset wrapped at 2^32
+    // would have written, which must still be 0xff)
+    if far {
+        let wrapped = first_byte - FAR_BYTES;
+        let got = stream
+            .clone_dtoh(&cache.slice(wrapped..wrapped + want.len()))
+            .unwrap();
+        assert!(
+            got.iter().all(|&b| b == 0xff),
+            "{label}: bytes written 2^32 before the cache's blocks"
+        );
+    }
     let before = first_byte.min(16);
     let got = stream
         .clone_dtoh(&cache.slice(first_byte - before..))
