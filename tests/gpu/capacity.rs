@@ -215,6 +215,34 @@ fn shifted(ids: &[i32], by: usize) -> Vec<i32> {
         .collect()
 }
 
+/// The far twin of fp8 problem `near`: `inner` (near's problem with its ids moved `shift`
+/// blocks on) over near's cache `shift` blocks further into the buffer, and its device buffers
+/// (the cache's blocks past [`FAR_BYTES`], after [`upload_far`]'s NaN blocks).
+fn far_fp8<P>(
+    stream: &Arc<CudaStream>,
+    near: &Fp8<P>,
+    inner: P,
+    shift: usize,
+) -> (Fp8<P>, Fp8ProblemDev)
+where
+    Fp8<P>: Problem<Dev = Fp8ProblemDev>,
+{
+    let layout = near.fp8.layout;
+    let far = Fp8 {
+        inner,
+        fp8: Fp8Cache {
+            layout: CacheLayout {
+                num_blocks: layout.num_blocks + shift,
+                ..layout
+            },
+            ..near.fp8.clone()
+        },
+    };
+    let mut dev = far.upload(stream); // (its cache bytes replaced:)
+    dev.cache.bytes = upload_far(stream, &near.fp8.bytes, layout.block_stride_bytes, shift);
+    (far, dev)
+}
+
 /// A dense problem whose blocks lie past 4 GiB into the cache (`kind`: quantized to it,
 /// else 16-bit), against the reference of the same problem near the start; one run in two
 /// has a length out of range (which the fp8 tests elsewhere never draw).
@@ -252,39 +280,16 @@ fn check_dense_far<T: Half>(
         let shift = far_shift(near.cache.stride_bytes());
         let mut far = near.clone();
         far.cache.num_blocks += shift;
-        far.cache.data = Vec::new();
         far.table = shifted(&near.table, shift);
-        let dev = DenseDev {
-            cache: upload_far(stream, &near.cache.data, near.cache.stride, shift),
-            table: stream.clone_htod(&far.table).unwrap(),
-            seq_lens: stream.clone_htod(&far.seq_lens).unwrap(),
-        };
+        let mut dev = far.upload(stream); // (its cache replaced:)
+        dev.cache = upload_far(stream, &near.cache.data, near.cache.stride, shift);
         return check_preallocated(label, rng, stream, &far, &dev, &near);
     };
     let near = Fp8::dense(rng, near, kind, 1.0);
-    let layout = near.fp8.layout;
-    let shift = far_shift(layout.block_stride_bytes);
+    let shift = far_shift(near.fp8.layout.block_stride_bytes);
     let mut inner = near.inner.clone();
     inner.table = shifted(&inner.table, shift);
-    let far = Fp8 {
-        inner,
-        fp8: Fp8Cache {
-            bytes: Vec::new(),
-            layout: CacheLayout {
-                num_blocks: layout.num_blocks + shift,
-                ..layout
-            },
-            tensor_scale: near.fp8.tensor_scale,
-        },
-    };
-    let dev = Fp8ProblemDev {
-        cache: Fp8Dev {
-            bytes: upload_far(stream, &near.fp8.bytes, layout.block_stride_bytes, shift),
-            scale: stream.clone_htod(&[near.fp8.tensor_scale]).unwrap(),
-        },
-        table: stream.clone_htod(&far.inner.table).unwrap(),
-        lens: Some(stream.clone_htod(&far.inner.seq_lens).unwrap()),
-    };
+    let (far, dev) = far_fp8(stream, &near, inner, shift);
     check_preallocated(label, rng, stream, &far, &dev, &near);
 }
 
@@ -313,39 +318,16 @@ fn check_sparse_far<T: Half>(
         let shift = far_shift(near.cache.stride_bytes());
         let mut far = near.clone();
         far.cache.num_blocks += shift;
-        far.cache.data = Vec::new();
         far.indices = shifted(&near.indices, shift * bs);
-        let dev = SparseDev {
-            cache: upload_far(stream, &near.cache.data, near.cache.stride, shift),
-            indices: stream.clone_htod(&far.indices).unwrap(),
-            topk_len: far.topk_len.as_ref().map(|l| stream.clone_htod(l).unwrap()),
-        };
+        let mut dev = far.upload(stream); // (its cache replaced:)
+        dev.cache = upload_far(stream, &near.cache.data, near.cache.stride, shift);
         return check_preallocated(label, rng, stream, &far, &dev, &near);
     };
     let near = Fp8::sparse(rng, near, kind, 1.0);
-    let layout = near.fp8.layout;
-    let shift = far_shift(layout.block_stride_bytes);
+    let shift = far_shift(near.fp8.layout.block_stride_bytes);
     let mut inner = near.inner.clone();
     inner.indices = shifted(&inner.indices, shift * bs);
-    let far = Fp8 {
-        inner,
-        fp8: Fp8Cache {
-            bytes: Vec::new(),
-            layout: CacheLayout {
-                num_blocks: layout.num_blocks + shift,
-                ..layout
-            },
-            tensor_scale: near.fp8.tensor_scale,
-        },
-    };
-    let dev = Fp8ProblemDev {
-        cache: Fp8Dev {
-            bytes: upload_far(stream, &near.fp8.bytes, layout.block_stride_bytes, shift),
-            scale: stream.clone_htod(&[near.fp8.tensor_scale]).unwrap(),
-        },
-        table: stream.clone_htod(&far.inner.indices).unwrap(),
-        lens: (far.inner.topk_len.as_ref()).map(|l| stream.clone_htod(l).unwrap()),
-    };
+    let (far, dev) = far_fp8(stream, &near, inner, shift);
     check_preallocated(label, rng, stream, &far, &dev, &near);
 }
 

@@ -126,9 +126,7 @@ fn check_append_fp8<T: Half>(
             .iter()
             .map(|v| v.to_f64())
             .collect();
-        let slot = slot as usize - first_slot;
-        let (blk, off) = (slot / block_size, slot % block_size);
-        let at = blk * stride_bytes + off * row_bytes;
+        let at = slot_offset(&layout, slot as usize) - first_byte;
         want[at..at + row_bytes].copy_from_slice(&quantized(format, rule, tensor_scale, &row));
     }
     let kv_dev = stream.clone_htod(&kv).unwrap();
@@ -212,11 +210,8 @@ fn append_past_4_gib() {
     let mut rng = rng_for("append_past_4_gib");
     let sixteen = [(KvFormat::Bf16, None), (KvFormat::F16, None)];
     for kind in FORMATS.into_iter().chain(sixteen) {
-        let dtype = match kind.0 {
-            KvFormat::Bf16 => DType::Bf16,
-            KvFormat::F16 => DType::F16,
-            _ => rng.pick(&[DType::Bf16, DType::F16]),
-        };
+        // (a 16-bit format's rows are of its own type)
+        let dtype = (kind.0.dtype()).unwrap_or_else(|| rng.pick(&[DType::Bf16, DType::F16]));
         let bs = rng.pick(&BLOCK_SIZES);
         let label = format!("append past 4 GiB {kind:?} {dtype} bs {bs}");
         with_dtype!(dtype, T => check_append_fp8::<T>(&label, &mut rng, &stream, kind, bs, true));
