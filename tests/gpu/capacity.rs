@@ -245,7 +245,8 @@ where
 
 /// A dense problem whose blocks lie past 4 GiB into the cache (`kind`: quantized to it,
 /// else 16-bit), against the reference of the same problem near the start; one run in two
-/// has a length out of range (which the fp8 tests elsewhere never draw).
+/// of more than one request has a length out of range (which the fp8 tests elsewhere never
+/// draw).
 fn check_dense_far<T: Half>(
     label: &str,
     rng: &mut Rng,
